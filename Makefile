@@ -1,0 +1,57 @@
+# tokenmix: every target depends on `install`, so a fresh clone needs nothing else.
+# Variables (all optional):  VARIANT=softmax|entmax|registers|specialization|lastvit|entmax+lastvit|...
+#   DATA=demo|<dataset>  DATA_ROOT=<folder with the real dataset>  TASK=<task>  CKPT=<checkpoint>
+#   RESUME=1|<path>  LAYER=<block index>|all  ARGS="<extra LightningCLI / script flags>"
+SHELL := /bin/bash
+PY := .venv/bin/python
+VARIANT ?= softmax
+DATA ?= demo
+DATA_ROOT ?=
+TASK ?=
+CKPT ?=
+RESUME ?=
+LAYER ?=
+OUT ?=
+ARGS ?=
+
+.PHONY: install test pretrain probe analyze report check-data export bench tensorboard demo-data clean
+
+install: .venv/.installed
+
+.venv/.installed: pyproject.toml
+	test -d .venv || python3 -m venv .venv
+	.venv/bin/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+demo-data: install
+	$(PY) -m datamodules.demo
+
+pretrain: install
+	$(PY) -m lightning_modules.pretrain --variant '$(VARIANT)' --data '$(DATA)' --data-root '$(DATA_ROOT)' --resume '$(RESUME)' $(ARGS)
+
+export: install
+	$(PY) -m lightning_modules.export --ckpt '$(CKPT)' --variant '$(VARIANT)' --out '$(OUT)'
+
+probe: install
+	$(PY) -m probes.run --task '$(TASK)' --variant '$(VARIANT)' --ckpt '$(CKPT)' --data '$(DATA)' --data-root '$(DATA_ROOT)' --layer '$(LAYER)' $(ARGS)
+
+analyze: install
+	$(PY) -m analysis.run --task '$(TASK)' --variant '$(VARIANT)' --ckpt '$(CKPT)' --data '$(DATA)' --data-root '$(DATA_ROOT)' $(ARGS)
+
+report: install
+	$(PY) -m analysis.report $(ARGS)
+
+check-data: install
+	$(PY) -m datamodules.check --task '$(TASK)' --data-root '$(DATA_ROOT)' $(ARGS)
+
+bench: install
+	$(PY) -m bench.run $(ARGS)
+
+tensorboard: install
+	.venv/bin/tensorboard --logdir runs
+
+clean:
+	rm -rf runs data/demo

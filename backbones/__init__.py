@@ -1,0 +1,7 @@
+"""ViT backbones with swappable token interaction (attention normaliser x global-token strategy)."""
+from .checkpoint import backbone_from_checkpoint, load_checkpoint
+from .variants import VARIANTS, parse_variant
+from .vit import ARCHS, TokenMixViT, create_vit
+
+__all__ = ["ARCHS", "VARIANTS", "TokenMixViT", "backbone_from_checkpoint", "create_vit", "load_checkpoint",
+           "parse_variant"]

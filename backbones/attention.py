@@ -1,0 +1,55 @@
+"""Self-attention with a swappable normaliser, as timm's ``attn_layer``.
+
+Subclasses timm's ``Attention`` so parameter names (``qkv``, ``proj``) and init stay timm/DINO's.
+Two additions:
+- ``normalizer``: ``None`` = softmax through the fused ``scaled_dot_product_attention``; otherwise the
+  explicit DINO line ``attn = (q @ k^T) * scale; attn = normalizer(attn)``.
+- ``qkv_cls``: an optional separate q/k/v projection for the [CLS] token (CLS/patch specialization);
+  [CLS] and patches still attend jointly.
+Set ``record = True`` to keep the last attention probabilities in ``last_attn`` (analysis, TensorBoard).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from timm.models.vision_transformer import Attention
+
+from .normalizers import Normalizer
+
+
+class TokenMixAttention(Attention):
+    def __init__(self, dim: int, num_heads: int = 8, **kwargs) -> None:
+        super().__init__(dim, num_heads=num_heads, **kwargs)
+        self.normalizer: Optional[Normalizer] = None
+        self.qkv_cls: Optional[nn.Linear] = None
+        self.record = False
+        self.last_attn: Optional[torch.Tensor] = None
+
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        if self.qkv_cls is None:
+            return self.qkv(x)
+        return torch.cat([self.qkv_cls(x[:, :1]), self.qkv(x[:, 1:])], dim=1)
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False) -> torch.Tensor:
+        B, N, _ = x.shape
+        qkv = self._qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if self.normalizer is None and not self.record:
+            x = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                dropout_p=self.attn_drop.p if self.training else 0.0)
+        else:
+            attn = (q * self.scale) @ k.transpose(-2, -1)
+            if attn_mask is not None:
+                attn = attn + attn_mask if attn_mask.dtype != torch.bool else attn.masked_fill(~attn_mask, float("-inf"))
+            attn = attn.softmax(dim=-1) if self.normalizer is None else self.normalizer(attn)
+            if self.record:
+                self.last_attn = attn.detach()
+            x = self.attn_drop(attn) @ v
+        x = x.transpose(1, 2).reshape(B, N, self.attn_dim)
+        x = self.proj_drop(self.proj(self.norm(x)))
+        return x

@@ -1,0 +1,305 @@
+"""Fast exact entmax-1.5 and sparsemax for attention: ``entmax15(scores, dim=-1)``, ``sparsemax(scores, dim=-1)``.
+
+Same values and gradients as ``entmax.entmax15`` / ``entmax.sparsemax`` (to float rounding), without their
+full sort. The threshold tau is found by Newton steps from below (they never overshoot, so {z > tau}
+always contains the true support) and finished with the closed-form root on that support, accepted only
+when it is consistent with it (every member above tau, every non-member at or below): then it is exact.
+Rows that do not settle fall back to the sort-based formula. The backward saves only the output Y.
+
+Backends (``TOKENMIX_ENTMAX_BACKEND`` or :func:`use_backend`):
+- ``cpp``: backbones/csrc/entmax_fast.cpp, one OpenMP-parallel pass per row block, compiled at first
+  use with ``-O3 -march=native`` for the CPU it runs on and cached under ``~/.cache/tokenmix`` (key:
+  source, flags, compiler and CPU features). CPU, float32/float64.
+- ``torch``: the same algorithm in vectorised PyTorch; any device (GPU included), any float dtype.
+- ``auto`` (default): ``cpp`` for CPU tensors when it builds, else ``torch`` (one warning if the build fails).
+Inputs in fp16/bf16 are computed in fp32; the result is fp32 (fp64 stays fp64).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+__all__ = ["entmax15", "sparsemax", "use_backend", "cpp_available", "cpp_build_error", "BACKENDS"]
+
+BACKENDS = ("auto", "cpp", "torch")
+_SRC = Path(__file__).resolve().with_name("csrc") / "entmax_fast.cpp"
+_CXXFLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp"]
+_MAX_SWEEPS = 64
+_backend = os.environ.get("TOKENMIX_ENTMAX_BACKEND", "auto") or "auto"
+
+
+def _check_backend(name: str) -> str:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown entmax backend '{name}'; valid: {', '.join(BACKENDS)} "
+                         "(set TOKENMIX_ENTMAX_BACKEND or use backbones.entmax_fast.use_backend)")
+    return name
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Force a backend inside a ``with`` block (tests, benchmarks)."""
+    global _backend
+    old, _backend = _backend, _check_backend(name)
+    try:
+        yield
+    finally:
+        _backend = old
+
+
+# ----------------------------------------------------------------------------------------------- C++ build
+_lib: ctypes.CDLL | None = None
+_lib_error: str | None = None
+_lib_lock = threading.Lock()
+_warned = False
+
+
+def _cpu_features() -> str:
+    # -march=native code is only valid on the CPU it was built for: the cache key includes its features.
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("TOKENMIX_EXT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tokenmix", "ext")
+    return Path(root)
+
+
+def _compile(cxx: str, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    errors = []
+    # -march=native first (AVX-512/AVX2/NEON as the CPU offers); plain -O3 if the compiler refuses it.
+    for arch in (["-march=native"], []):
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        os.close(fd)
+        cmd = [cxx, *_CXXFLAGS, *arch, str(_SRC), "-o", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode == 0:
+            os.replace(tmp, out)  # atomic: parallel test workers never load a half-written library
+            return
+        os.unlink(tmp)
+        errors.append(f"$ {' '.join(cmd)}\n{proc.stderr.strip()[-2000:]}")
+    raise RuntimeError("\n".join(errors))
+
+
+def _load() -> ctypes.CDLL | None:
+    global _lib, _lib_error
+    if _lib is not None or _lib_error is not None:
+        return _lib
+    with _lib_lock:
+        if _lib is not None or _lib_error is not None:
+            return _lib
+        try:
+            cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+            if cxx is None:
+                raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
+            version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+            key = hashlib.sha256("\0".join([_SRC.read_text(), " ".join(_CXXFLAGS), version,
+                                            _cpu_features()]).encode()).hexdigest()[:16]
+            path = _cache_dir() / f"entmax_fast_{key}.so"
+            if not path.is_file():
+                _compile(cxx, path)
+            lib = ctypes.CDLL(str(path))
+            ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+            for suf in ("f32", "f64"):
+                for name in ("entmax15", "sparsemax"):
+                    getattr(lib, f"tm_{name}_fwd_{suf}").argtypes = [ptr, ptr, i64, i64, i32]
+                    getattr(lib, f"tm_{name}_bwd_{suf}").argtypes = [ptr, ptr, ptr, i64, i64, i32]
+            _lib = lib
+        except Exception as e:  # any failure: keep the exact PyTorch path
+            _lib_error = f"{type(e).__name__}: {e}"
+    return _lib
+
+
+def cpp_available() -> bool:
+    """Builds (once, cached) and loads the C++ kernel; False when that is impossible here."""
+    return _load() is not None
+
+
+def cpp_build_error() -> str | None:
+    _load()
+    return _lib_error
+
+
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+
+
+def _use_cpp(x: torch.Tensor) -> bool:
+    global _warned
+    if _backend == "torch":
+        return False
+    eligible = x.device.type == "cpu" and x.dtype in _SUFFIX
+    if _backend == "cpp":
+        if not eligible:
+            raise RuntimeError(f"entmax backend 'cpp' needs a CPU float32/float64 tensor, got {x.device} {x.dtype}")
+        if _load() is None:
+            raise RuntimeError(f"entmax backend 'cpp' unavailable: the C++ kernel did not build:\n{_lib_error}")
+        return True
+    if not eligible:
+        return False
+    if _load() is None:
+        if not _warned:
+            _warned = True
+            warnings.warn("backbones.entmax_fast: C++ kernel unavailable, using the exact (slower) PyTorch "
+                          f"path. Reason: {_lib_error}", RuntimeWarning, stacklevel=4)
+        return False
+    return True
+
+
+def _cpp_call(op: str, *tensors: torch.Tensor) -> None:
+    rows, n = tensors[0].shape
+    fn = getattr(_lib, f"tm_{op}_{_SUFFIX[tensors[0].dtype]}")
+    fn(*(ctypes.c_void_p(t.data_ptr()) for t in tensors), rows, n, torch.get_num_threads())
+
+
+# ------------------------------------------------------------------------------------------- PyTorch path
+def _threshold_sorted(z: torch.Tensor, entmax15: bool) -> torch.Tensor:
+    """Sort-based exact threshold (entmax's formula), for the rare rows the sweep does not settle."""
+    zs = z.sort(dim=-1, descending=True).values
+    k = torch.arange(1, z.shape[-1] + 1, device=z.device, dtype=z.dtype)
+    s1 = zs.cumsum(-1)
+    if entmax15:
+        mean = s1 / k
+        ss = (zs * zs).cumsum(-1) - s1 * mean
+        cand = mean - ((1 - ss) / k).clamp_min(0).sqrt()
+    else:
+        cand = (s1 - 1) / k
+    support = (cand <= zs).sum(-1, keepdim=True).clamp_min(1)
+    return cand.gather(-1, support - 1)
+
+
+def _threshold_torch(z: torch.Tensor, entmax15: bool) -> torch.Tensor:
+    """Exact tau per row of z (rows have max 0 or are all NaN). Same algorithm as the C++ kernel, arranged
+    for few full-tensor passes: d = (z - t)_+ gives k, sum d, ||d|| (Newton and closed form alike); the
+    closed-form root u on S = {d > 0} is exact iff no member of S lies at or below it, i.e.
+    #{d > u} == #{d > 0} (non-members have d <= 0 <= u since t never passes tau)."""
+    rows = z.shape[0]
+    tau = torch.full((rows, 1), float("nan"), device=z.device, dtype=z.dtype)
+    active = torch.nonzero(~torch.isnan(z[:, 0])).squeeze(1)  # all-masked rows stay NaN
+    z_a = z if active.numel() == rows else z[active]
+    t_a = torch.full((active.numel(), 1), -1.0, device=z.device, dtype=z.dtype)
+    # Plain Newton steps first (no check: 5 passes each); at ViT init most rows settle after ~3.
+    for sweep in range(_MAX_SWEEPS):
+        if active.numel() == 0:
+            return tau
+        d = (z_a - t_a).clamp_(min=0)
+        s1 = d.sum(-1, keepdim=True)
+        if entmax15:
+            norm = torch.linalg.vector_norm(d, dim=-1, keepdim=True)
+            step = (norm * norm - norm) / s1
+        if sweep < (2 if entmax15 else 1):
+            t_a = t_a + step if entmax15 else t_a + (s1 - 1) / (d > 0).sum(-1, keepdim=True)
+            continue
+        k = (d > 0).sum(-1, keepdim=True)
+        if entmax15:
+            mean = s1 / k
+            u = mean - ((1 - (norm * norm - s1 * mean)) / k).clamp_min(0).sqrt()
+        else:
+            u = (s1 - 1) / k
+            step = u
+        ok = ((d > u).sum(-1, keepdim=True) == k).squeeze(1) & (u >= 0).squeeze(1)
+        tau[active[ok]] = (t_a + u)[ok]
+        stuck = ~ok & ~(torch.isfinite(step) & (step > 0)).squeeze(1)
+        if stuck.any():  # no progress left in floating point: exact sort-based finish
+            tau[active[stuck]] = _threshold_sorted(z_a[stuck], entmax15)
+        keep = ~ok & ~stuck
+        if keep.all():
+            t_a = t_a + step
+        else:
+            active, z_a, t_a = active[keep], z_a[keep], (t_a + step)[keep]
+    if active.numel():
+        tau[active] = _threshold_sorted(z_a, entmax15)
+    return tau
+
+
+def _forward_torch(x: torch.Tensor, entmax15: bool) -> torch.Tensor:
+    m = x.amax(-1, keepdim=True)
+    z = x - torch.where(torch.isfinite(m), m, float("nan"))  # all -inf / +inf rows -> NaN, like softmax
+    if entmax15:
+        z.mul_(0.5)
+    tau = _threshold_torch(z, entmax15)
+    y = z.sub_(tau).clamp_(min=0)
+    return y.square_() if entmax15 else y
+
+
+def _backward_torch(y: torch.Tensor, dy: torch.Tensor, entmax15: bool) -> torch.Tensor:
+    g = y.sqrt() if entmax15 else (y > 0).to(y.dtype)
+    dx = dy * g
+    q = dx.sum(-1, keepdim=True) / g.sum(-1, keepdim=True)
+    return dx.sub_(q * g)
+
+
+# -------------------------------------------------------------------------------------------------- autograd
+class _SparseNormFn(torch.autograd.Function):
+    """x: (rows, n) contiguous float32/float64. Saves only the output for the backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, entmax15: bool, cpp: bool) -> torch.Tensor:
+        if cpp:
+            y = torch.empty_like(x)
+            _cpp_call("entmax15_fwd" if entmax15 else "sparsemax_fwd", x, y)
+        else:
+            y = _forward_torch(x, entmax15)
+        ctx.entmax15, ctx.cpp = entmax15, cpp
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        (y,) = ctx.saved_tensors
+        dy = dy.contiguous()
+        if ctx.cpp:
+            dx = torch.empty_like(y)
+            _cpp_call("entmax15_bwd" if ctx.entmax15 else "sparsemax_bwd", y, dy, dx)
+        else:
+            dx = _backward_torch(y, dy, ctx.entmax15)
+        return dx, None, None
+
+
+def _apply(scores: torch.Tensor, dim: int, entmax15: bool) -> torch.Tensor:
+    if not torch.is_floating_point(scores):
+        raise TypeError(f"{'entmax15' if entmax15 else 'sparsemax'} expects floating-point scores, got {scores.dtype}")
+    if scores.dim() == 0:
+        raise ValueError("scores must have at least one dimension")
+    x = scores if scores.dtype in _SUFFIX else scores.float()  # fp16/bf16 thresholds are ill-conditioned
+    last = dim in (-1, x.dim() - 1)
+    if not last:
+        x = x.movedim(dim, -1)
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).contiguous()  # attention logits from a matmul: already contiguous, no copy
+    if x2.numel() == 0:
+        y = x2.clone()
+    else:
+        y = _SparseNormFn.apply(x2, entmax15, _use_cpp(x2))
+    y = y.view(shape)
+    return y if last else y.movedim(-1, dim)
+
+
+def entmax15(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Exact entmax-1.5 along ``dim`` (= ``entmax.entmax15``): Y = clamp(X/2 - tau, 0)^2, rows sum to 1.
+
+    Masked entries may be -inf (they get exactly 0); a row with no finite entry gives NaN, like softmax.
+    """
+    return _apply(scores, dim, True)
+
+
+def sparsemax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Exact sparsemax along ``dim`` (= ``entmax.sparsemax``): Y = clamp(X - tau, 0), rows sum to 1."""
+    return _apply(scores, dim, False)

@@ -1,0 +1,59 @@
+"""LaSt-ViT selective aggregation: the [CLS] output built from frequency-stable patch tokens.
+
+Following ``dense_vit.forward`` of the LaSt-ViT reference (ChengShiest/LAST-ViT) and REFERENCE.md §3:
+X (B, N, D) = final normalised patch tokens; L = low-pass of X along the *channel* axis (FFT over D,
+centred Gaussian window exp(-½(n/σ)²) with peak 1, inverse FFT, real part); stability S = X / |L − X|;
+per channel take the top-K patches by S and average their X values → the new [CLS] output (D,).
+Gradients flow through the gathered X values (the selection itself is discrete).
+
+Deviations from the reference code, on purpose:
+- The Gaussian peak sits exactly on the DC bin (the reference's ``arange(-D//2+1, D//2+1)`` window is one
+  bin left of DC after ``fftshift`` for even D), so the filter is symmetric and L is a true low-pass.
+- ``|L − X|`` gets an epsilon (1e-6) so a channel where X equals its low-pass gives a large finite score
+  instead of inf/NaN.
+- The released code defaults to K=1; the paper reports K=7 slightly better. K is a knob (default 1).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def gaussian_window(dim: int, sigma: float, device=None, dtype=torch.float32) -> torch.Tensor:
+    """Window in ``fftshift`` order (DC at index dim // 2), peak exactly 1 on DC."""
+    n = torch.arange(dim, device=device, dtype=dtype) - dim // 2
+    return torch.exp(-0.5 * (n / sigma) ** 2)
+
+
+def channel_lowpass(x: torch.Tensor, sigma: float) -> torch.Tensor:
+    window = gaussian_window(x.shape[-1], sigma, device=x.device)
+    spec = torch.fft.fftshift(torch.fft.fft(x.float(), dim=-1), dim=-1) * window
+    return torch.fft.ifft(torch.fft.ifftshift(spec, dim=-1), dim=-1).real
+
+
+class FrequencyTopKPooling(nn.Module):
+    """Parameter-free; returns ``(cls (B, D), votes (B, N))``: votes[b, n] = channels that chose patch n."""
+
+    def __init__(self, dim: int, k: int = 1, sigma: float | None = None, eps: float = 1e-6) -> None:
+        super().__init__()
+        if k < 1:
+            raise ValueError(f"lastvit_k must be >= 1, got {k}")
+        self.dim, self.k, self.eps = dim, k, eps
+        self.sigma = float(sigma) if sigma is not None else math.sqrt(dim)
+
+    def forward(self, patch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, N, D = patch.shape
+        k = min(self.k, N)
+        with torch.no_grad():  # the selection is discrete; only the gathered values carry gradient
+            low = channel_lowpass(patch, self.sigma)
+            score = patch.float() / ((low - patch.float()).abs() + self.eps)
+            idx = score.topk(k, dim=1).indices  # (B, k, D): per channel, the k most stable patches
+            votes = torch.zeros(B, N, device=patch.device, dtype=torch.long)
+            votes.scatter_add_(1, idx.flatten(1), torch.ones_like(idx.flatten(1)))
+        cls = patch.gather(1, idx).mean(dim=1)
+        return cls, votes
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, k={self.k}, sigma={self.sigma:.3f}"

@@ -1,0 +1,166 @@
+"""The tokenmix ViT: timm's ``VisionTransformer`` with swappable token interaction.
+
+Two independent axes, chosen by the variant name (``backbones/variants.py``):
+- attention normaliser, via the ``attn_layer`` (``TokenMixAttention``) of every block;
+- global-token strategy: ``cls`` | ``registers`` (DINOv2 placement) | ``specialization`` (``block_fn``)
+  | ``lastvit`` (frequency-aware top-K aggregation replaces the [CLS] output).
+
+State-dict keys are timm's, which are also DINO's released keys (``cls_token``, ``pos_embed``,
+``patch_embed.proj.*``, ``blocks.N.{norm1,attn.qkv,attn.proj,norm2,mlp.fc1,mlp.fc2}.*``, ``norm.*``);
+extras are ``reg_token`` and ``*_cls`` specialised parameters.
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from timm.layers import trunc_normal_
+from timm.models.vision_transformer import VisionTransformer
+
+from .attention import TokenMixAttention
+from .lastvit import FrequencyTopKPooling
+from .normalizers import build_normalizer
+from .specialization import COMPONENTS, SpecializedBlock
+from .variants import parse_variant
+
+# name -> ViT shape. All: mlp_ratio 4, qkv_bias, LayerNorm eps 1e-6 (DINO's vision_transformer.py).
+ARCHS: dict[str, dict[str, int]] = {
+    "vit_tiny_patch16": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, img_size=224),
+    "vit_small_patch16": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, img_size=224),
+    "vit_base_patch16": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, img_size=224),
+    "vit_small_patch8": dict(patch_size=8, embed_dim=384, depth=12, num_heads=6, img_size=224),
+    # the CPU demo (64 px scenes) and the test suite
+    "vit_demo_patch8": dict(patch_size=8, embed_dim=128, depth=4, num_heads=2, img_size=64),
+    "vit_test_patch8": dict(patch_size=8, embed_dim=32, depth=2, num_heads=2, img_size=32),
+}
+
+
+class TokenMixViT(VisionTransformer):
+    def __init__(self, *, arch: str, variant: str = "softmax", num_registers: int = 4,
+                 spec_blocks: Optional[Sequence[int]] = None, spec_components: Sequence[str] = COMPONENTS,
+                 lastvit_k: int = 1, lastvit_sigma: Optional[float] = None, alpha: float = 1.5,
+                 bisect_iters: int = 50, **vit_kwargs: Any) -> None:
+        spec = parse_variant(variant)
+        if spec.strategy == "specialization":
+            spec_blocks = tuple(range(4)) if spec_blocks is None else tuple(int(b) for b in spec_blocks)
+            vit_kwargs["block_fn"] = partial(SpecializedBlock, spec_blocks=spec_blocks, components=tuple(spec_components))
+        vit_kwargs.setdefault("norm_layer", partial(nn.LayerNorm, eps=1e-6))
+        super().__init__(num_classes=0, global_pool="token", qkv_bias=True, mlp_ratio=4.0,
+                         dynamic_img_size=True, attn_layer=TokenMixAttention, **vit_kwargs)
+        self.arch, self.variant, self.spec = arch, spec.name, spec
+        self.patch_size = self.patch_embed.patch_size[0]
+        self.depth = len(self.blocks)
+        self.num_heads = self.blocks[0].attn.num_heads
+        trunc_normal_(self.cls_token, std=0.02)  # DINO's init (timm uses N(0, 1e-6))
+
+        normalizer = build_normalizer(spec.normalizer, alpha=alpha, n_iter=bisect_iters)
+        for blk in self.blocks:
+            blk.attn.normalizer = normalizer
+
+        # registers: DINOv2 placement (after [CLS], no positional embedding) and init N(0, 1e-6)
+        n_reg = num_registers if spec.strategy == "registers" else 0
+        self.reg_token = nn.Parameter(torch.randn(1, n_reg, self.embed_dim) * 1e-6) if n_reg else None
+        self.num_reg_tokens = n_reg
+        self.num_prefix_tokens = 1 + n_reg
+
+        self.aggregator = (FrequencyTopKPooling(self.embed_dim, k=lastvit_k, sigma=lastvit_sigma)
+                     if spec.strategy == "lastvit" else None)
+
+        self.config: dict[str, Any] = {"arch": arch, "variant": spec.name}
+        if spec.strategy == "registers":
+            self.config["num_registers"] = n_reg
+        if spec.strategy == "specialization":
+            self.config.update(spec_blocks=list(spec_blocks), spec_components=list(spec_components))
+        if spec.strategy == "lastvit":
+            self.config.update(lastvit_k=lastvit_k, lastvit_sigma=lastvit_sigma)
+        if spec.normalizer == "entmax_bisect":
+            self.config.update(alpha=alpha, bisect_iters=bisect_iters)
+
+    # -- tokens -------------------------------------------------------------------------------------
+    def interpolate_pos_encoding(self, gh: int, gw: int) -> torch.Tensor:
+        """DINO's bicubic interpolation of the patch position embeddings (same +0.1 scale offset)."""
+        pos = self.pos_embed
+        n = pos.shape[1] - 1
+        side = int(math.sqrt(n))
+        if gh * gw == n and gh == gw:
+            return pos
+        patch_pos = pos[:, 1:].reshape(1, side, side, -1).permute(0, 3, 1, 2)
+        patch_pos = F.interpolate(patch_pos.float(), scale_factor=((gh + 0.1) / side, (gw + 0.1) / side),
+                                  mode="bicubic").to(pos.dtype)
+        assert patch_pos.shape[-2:] == (gh, gw)
+        return torch.cat([pos[:, :1], patch_pos.permute(0, 2, 3, 1).reshape(1, gh * gw, -1)], dim=1)
+
+    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+        B, gh, gw, C = x.shape  # PatchEmbed in dynamic mode returns NHWC
+        x = torch.cat([self.cls_token.expand(B, -1, -1), x.reshape(B, gh * gw, C)], dim=1)
+        x = x + self.interpolate_pos_encoding(gh, gw)
+        if self.reg_token is not None:
+            x = torch.cat([x[:, :1], self.reg_token.expand(B, -1, -1), x[:, 1:]], dim=1)
+        return self.pos_drop(x)
+
+    def grid_size(self, images: torch.Tensor) -> tuple[int, int]:
+        return images.shape[-2] // self.patch_size, images.shape[-1] // self.patch_size
+
+    # -- outputs ------------------------------------------------------------------------------------
+    def _split(self, y: torch.Tensor, last: bool, votes: bool) -> dict[str, torch.Tensor]:
+        out = {"cls": y[:, 0], "patch": y[:, self.num_prefix_tokens:]}
+        if last and self.aggregator is not None:
+            out["cls"], v = self.aggregator(out["patch"])
+            if votes:
+                out["votes"] = v
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The [CLS] output (B, D) after the final norm; for ``lastvit`` the aggregated token."""
+        return self._split(self.forward_features(x), last=True, votes=False)["cls"]
+
+    def extract(self, images: torch.Tensor, n_last_blocks: int = 1, blocks: Optional[Sequence[int]] = None,
+                votes: bool = False) -> list[dict[str, torch.Tensor]]:
+        """Normalised [CLS]/patch outputs of the chosen blocks, oldest first, registers removed."""
+        if blocks is None:
+            if not 1 <= n_last_blocks <= self.depth:
+                raise ValueError(f"n_last_blocks must be in 1..{self.depth}, got {n_last_blocks}")
+            take = list(range(self.depth - n_last_blocks, self.depth))
+        else:
+            take = sorted({int(b) % self.depth for b in blocks})
+            if any(not -self.depth <= int(b) < self.depth for b in blocks):
+                raise ValueError(f"block indices must be in -{self.depth}..{self.depth - 1}, got {list(blocks)}")
+        x = self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(images))))
+        outs = []
+        for i, blk in enumerate(self.blocks[: take[-1] + 1]):
+            x = blk(x)
+            if i in take:
+                outs.append(self._split(self.norm(x), last=i == self.depth - 1, votes=votes))
+        return outs
+
+    @torch.no_grad()
+    def attention_maps(self, images: torch.Tensor, blocks: Optional[Sequence[int]] = None) -> list[torch.Tensor]:
+        """Attention probabilities (B, heads, T, T) of the chosen blocks (all by default)."""
+        take = range(self.depth) if blocks is None else sorted({int(b) % self.depth for b in blocks})
+        attns = [self.blocks[i].attn for i in take]
+        for a in attns:
+            a.record = True
+        try:
+            self.forward_features(images)
+            return [a.last_attn for a in attns]
+        finally:
+            for a in attns:
+                a.record, a.last_attn = False, None
+
+    def get_last_selfattention(self, images: torch.Tensor) -> torch.Tensor:
+        return self.attention_maps(images, blocks=[self.depth - 1])[0]
+
+    def no_weight_decay(self) -> set[str]:
+        return {"pos_embed", "cls_token", "reg_token"}
+
+
+def create_vit(arch: str = "vit_small_patch16", variant: str = "softmax", **overrides: Any) -> TokenMixViT:
+    """Build a backbone by architecture and variant name, e.g. ``create_vit("vit_small_patch16", "entmax+lastvit")``."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch '{arch}'; valid: {', '.join(ARCHS)}")
+    kwargs = {**ARCHS[arch], **overrides}
+    return TokenMixViT(arch=arch, variant=variant, **kwargs)
