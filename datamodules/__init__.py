@@ -1,0 +1,96 @@
+"""Datasets in their real on-disk layouts, protocol transforms and Lightning DataModules.
+
+``build_dataset(name, root, split, transform=None, **kw)`` opens any of ``DATASET_NAMES``. Without a transform
+an item is a dict ("image" uint8 (3, H, W), "mask" int64 ignore 255, "depth" float32 metres, "boxes",
+"box_labels", "label", "path": whichever the dataset has). See docs/data.md.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .ade20k import ADE20KDataset
+from .base import IGNORE_INDEX, BaseDataset
+from .cityscapes import CityscapesDataset
+from .errors import (CorruptFileError, DatasetError, DepthFormatError, EmptyDatasetError, LabelRangeError,
+                     MissingDataError, SampleError, SizeMismatchError, SplitFileError, UnknownDatasetError)
+from .imagenet import ImageNetDataset
+from .kitti import KITTIDataset
+from .nyuv2 import NYUv2Dataset
+from .sunrgbd import SUNRGBDDataset
+from .voc import VOCAugDataset, VOCDataset
+
+
+# --- the demo datasets: the real loaders pointed at the generated data (make demo-data) -------------------
+class DemoClsDataset(ImageNetDataset):
+    name = "demo_cls"
+    OFFICIAL_COUNTS = {}
+
+
+class DemoVOCDataset(VOCDataset):
+    """VOC layout with the demo's own classes (classes.json next to VOCdevkit: 0 background + 8 shapes)."""
+
+    name = "demo_voc"
+    OFFICIAL_COUNTS = {}
+
+    def __init__(self, root, split="train", transform=None, skip_corrupt=False, **kw):
+        super().__init__(root, split, transform, skip_corrupt, **kw)
+        meta = self.voc.parent.parent / "classes.json"
+        if meta.is_file():
+            info = json.loads(meta.read_text())
+            self.METAINFO = {"classes": tuple(info["seg_classes"]), "palette": tuple(map(tuple, info["palette"]))}
+            self.NUM_CLASSES = len(info["seg_classes"])
+
+
+class DemoNYUDataset(NYUv2Dataset):
+    name = "demo_nyu"
+    OFFICIAL_COUNTS = {}
+
+
+DATASETS: dict[str, type[BaseDataset]] = {
+    "imagenet": ImageNetDataset, "voc": VOCDataset, "voc_aug": VOCAugDataset, "ade20k": ADE20KDataset,
+    "cityscapes": CityscapesDataset, "nyuv2": NYUv2Dataset, "sunrgbd": SUNRGBDDataset, "kitti": KITTIDataset,
+    "demo_cls": DemoClsDataset, "demo_voc": DemoVOCDataset, "demo_nyu": DemoNYUDataset,
+}
+ALIASES = {"nyu": "nyuv2", "ade": "ade20k", "sun": "sunrgbd", "in1k": "imagenet"}
+DATASET_NAMES = tuple(DATASETS)
+# depth benchmarks only have a test split: a probe asking for "val" gets it
+SPLIT_ALIASES = {"nyuv2": {"val": "test"}, "demo_nyu": {"val": "test"}, "kitti": {"val": "test"}}
+_DEMO_SUBDIR = {"demo_cls": "imagefolder", "demo_voc": "", "demo_nyu": "nyu"}
+
+
+def canonical_name(name: str) -> str:
+    key = (name or "").strip().lower()
+    key = ALIASES.get(key, key)
+    if key not in DATASETS:
+        raise UnknownDatasetError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)} "
+                                  f"(aliases: {', '.join(f'{a}={b}' for a, b in ALIASES.items())})")
+    return key
+
+
+def _demo_root(name: str, root) -> Path:
+    from tokenmix.paths import DEMO_ROOT
+    base = Path(root) if root not in (None, "") else DEMO_ROOT
+    sub = _DEMO_SUBDIR[name]
+    if sub and (base / sub).is_dir():
+        return base / sub
+    if not base.exists():
+        raise MissingDataError(f"demo dataset '{name}': {base} does not exist. Generate it with `make demo-data` "
+                               "(python -m datamodules.demo).")
+    return base
+
+
+def build_dataset(name: str, root, split: str, transform=None, **kw) -> BaseDataset:
+    """Open dataset ``name`` (see DATASET_NAMES) at ``root`` ('' / None: error, except demo_* -> data/demo)."""
+    key = canonical_name(name)
+    if key.startswith("demo_"):
+        root = _demo_root(key, root)
+    split = SPLIT_ALIASES.get(key, {}).get(split, split)
+    return DATASETS[key](root, split, transform=transform, **kw)
+
+
+__all__ = ["build_dataset", "canonical_name", "DATASETS", "DATASET_NAMES", "IGNORE_INDEX", "BaseDataset",
+           "ImageNetDataset", "VOCDataset", "VOCAugDataset", "ADE20KDataset", "CityscapesDataset", "NYUv2Dataset",
+           "SUNRGBDDataset", "KITTIDataset", "DatasetError", "UnknownDatasetError", "MissingDataError",
+           "SplitFileError", "EmptyDatasetError", "SampleError", "CorruptFileError", "LabelRangeError",
+           "SizeMismatchError", "DepthFormatError"]

@@ -1,0 +1,53 @@
+"""Exceptions for bad data. Every message names the file, what was expected and how to fix it.
+
+``DatasetError`` subclasses ``ValueError`` so callers that only know the standard library still
+catch it. ``SampleError`` marks a problem with one sample (the ones ``skip_corrupt=True`` skips).
+"""
+from __future__ import annotations
+
+
+class DatasetError(ValueError):
+    """Any problem with a dataset on disk or its configuration."""
+
+
+class UnknownDatasetError(DatasetError, KeyError):
+    """A dataset name that ``build_dataset`` does not know."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return self.args[0] if self.args else ""
+
+
+class MissingDataError(DatasetError, FileNotFoundError):
+    """DATA_ROOT not given, or the expected layout is not under it."""
+
+
+class SplitFileError(DatasetError):
+    """A split list that is missing, empty or malformed."""
+
+
+class EmptyDatasetError(DatasetError):
+    """A split that resolves to zero samples."""
+
+
+class SampleError(DatasetError):
+    """One sample is unusable. ``path`` is the offending file."""
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+class CorruptFileError(SampleError):
+    """A file that is missing, truncated or cannot be decoded."""
+
+
+class LabelRangeError(SampleError):
+    """A mask holding class ids outside [0, num_classes) other than the ignore index."""
+
+
+class SizeMismatchError(SampleError):
+    """Image and mask/depth of different sizes."""
+
+
+class DepthFormatError(SampleError):
+    """A depth map of the wrong bit depth / encoding."""

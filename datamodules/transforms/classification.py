@@ -1,0 +1,86 @@
+"""ImageNet linear-probe views (DINO eval_linear.py): train RandomResizedCrop 224 + flip, eval Resize 256
+(bicubic) + CenterCrop 224. Boxes follow the eval geometry exactly (Point-in-Box maps GT boxes this way)."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torchvision.transforms import InterpolationMode
+
+from .common import (Normalize, center_crop_offsets, crop, hflip, log_uniform, randint, resize,
+                     shorter_side_size, uniform)
+
+
+class RandomResizedCrop:
+    """torchvision's RandomResizedCrop sampling (10 tries, then the central crop of clamped ratio), on the dict.
+
+    DINO's eval_linear uses the default (bilinear) interpolation here; bicubic is only for the eval resize.
+    """
+
+    def __init__(self, size: int = 224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
+                 interpolation=InterpolationMode.BILINEAR, generator: torch.Generator | None = None):
+        self.size, self.scale, self.ratio = size, scale, ratio
+        self.interpolation, self.generator = interpolation, generator
+
+    def params(self, H: int, W: int) -> tuple[int, int, int, int]:
+        area = H * W
+        for _ in range(10):
+            target = area * uniform(*self.scale, self.generator)
+            ar = log_uniform(*self.ratio, self.generator)
+            w = int(round(math.sqrt(target * ar)))
+            h = int(round(math.sqrt(target / ar)))
+            if 0 < w <= W and 0 < h <= H:
+                return randint(H - h, self.generator), randint(W - w, self.generator), h, w
+        in_ratio = W / H
+        if in_ratio < min(self.ratio):
+            w, h = W, int(round(W / min(self.ratio)))
+        elif in_ratio > max(self.ratio):
+            h, w = H, int(round(H * max(self.ratio)))
+        else:
+            h, w = H, W
+        return (H - h) // 2, (W - w) // 2, h, w
+
+    def __call__(self, item: dict) -> dict:
+        H, W = item["image"].shape[-2:]
+        top, left, h, w = self.params(H, W)
+        return resize(crop(item, top, left, h, w), (self.size, self.size), self.interpolation)
+
+
+class RandomHorizontalFlip:
+    def __init__(self, p: float = 0.5, generator: torch.Generator | None = None):
+        self.p, self.generator = p, generator
+
+    def __call__(self, item: dict) -> dict:
+        return hflip(item) if float(torch.rand((), generator=self.generator)) < self.p else item
+
+
+class ResizeCenterCrop:
+    """Resize(resize) with bicubic on the shorter side (torchvision size rule), then CenterCrop(crop)."""
+
+    def __init__(self, resize: int = 256, crop: int = 224, interpolation=InterpolationMode.BICUBIC):
+        self.resize_to, self.crop_to, self.interpolation = resize, crop, interpolation
+
+    def __call__(self, item: dict) -> dict:
+        H, W = item["image"].shape[-2:]
+        h, w = shorter_side_size(H, W, self.resize_to)
+        item = resize(item, (h, w), self.interpolation)
+        top, left = center_crop_offsets(h, w, self.crop_to, self.crop_to)
+        return crop(item, top, left, self.crop_to, self.crop_to)
+
+
+class ClassificationTrain:
+    def __init__(self, size: int = 224, generator: torch.Generator | None = None):
+        self.rrc = RandomResizedCrop(size, generator=generator)
+        self.flip = RandomHorizontalFlip(generator=generator)
+        self.norm = Normalize()
+
+    def __call__(self, item: dict) -> dict:
+        return self.norm(self.flip(self.rrc(item)))
+
+
+class ClassificationEval:
+    def __init__(self, resize: int = 256, crop: int = 224):
+        self.rc, self.norm = ResizeCenterCrop(resize, crop), Normalize()
+
+    def __call__(self, item: dict) -> dict:
+        return self.norm(self.rc(item))

@@ -1,0 +1,127 @@
+"""Protocol transforms against torchvision's reference implementation and hand-worked numbers."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision.transforms.v2 as T
+import torchvision.transforms.v2.functional as TF
+from torchvision import tv_tensors
+
+from datamodules.transforms import (DEPTH_RANGES, ClassificationEval, RandomResizedCrop, ResizeCenterCrop,
+                                    SegmentationEval, SegmentationTrain, eval_depth_mask)
+from datamodules.transforms.common import hflip
+
+
+def _item(h=375, w=500, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    img = torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8)
+    boxes = torch.tensor([[100.0, 50.0, 300.0, 200.0], [0.0, 0.0, 40.0, 375.0]])
+    return {"image": img, "boxes": boxes, "label": 3}
+
+
+def test_resize256_centercrop224_matches_torchvision_image_and_boxes():
+    item = _item()
+    out = ResizeCenterCrop(256, 224)(item)
+    ref = T.Compose([T.Resize(256, interpolation=T.InterpolationMode.BICUBIC, antialias=True), T.CenterCrop(224)])
+    img_ref, box_ref = ref(item["image"], tv_tensors.BoundingBoxes(item["boxes"], format="XYXY",
+                                                                   canvas_size=(375, 500)))
+    assert torch.equal(out["image"], img_ref)
+    assert torch.allclose(out["boxes"], box_ref.as_subclass(torch.Tensor), atol=1e-4)
+    # hand-worked: 500x375 -> 341x256 (x scale 341/500, y 256/375), crop offsets left 58, top 16
+    x0 = 100 * 341 / 500 - 58
+    y0 = 50 * 256 / 375 - 16
+    assert out["boxes"][0, :2].tolist() == pytest.approx([x0, y0], abs=1e-4)
+    # the second box (x < 40 -> x < 27.3 after the resize) lies left of the crop: clipped to zero width
+    assert out["boxes"][1].tolist() == pytest.approx([0, 0, 0, 224], abs=1e-4)
+    assert out["label"] == 3
+
+
+def test_eval_boxes_track_a_drawn_rectangle():
+    img = torch.zeros(3, 300, 420, dtype=torch.uint8)
+    img[:, 60:181, 130:331] = 255  # pixel edges x 130..331, y 60..181
+    out = ResizeCenterCrop(256, 224)({"image": img, "boxes": torch.tensor([[130.0, 60.0, 331.0, 181.0]])})
+    ys, xs = torch.nonzero(out["image"][0] > 127, as_tuple=True)
+    drawn = torch.tensor([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], dtype=torch.float32)
+    assert (out["boxes"][0] - drawn).abs().max() <= 1.0
+
+
+def test_random_resized_crop_equals_torchvision_with_same_params():
+    item = _item(seed=1)
+    rrc = RandomResizedCrop(224, generator=torch.Generator().manual_seed(3))
+    top, left, h, w = rrc.params(375, 500)
+    rrc.generator = torch.Generator().manual_seed(3)
+    out = rrc(item)
+    boxes = tv_tensors.BoundingBoxes(item["boxes"], format="XYXY", canvas_size=(375, 500))
+    img_ref = TF.resized_crop(item["image"], top, left, h, w, [224, 224], antialias=True)
+    box_ref = TF.resized_crop(boxes, top, left, h, w, [224, 224])
+    assert torch.equal(out["image"], img_ref)
+    assert torch.allclose(out["boxes"], box_ref.as_subclass(torch.Tensor), atol=1e-4)
+    assert 0.08 * 375 * 500 * 0.9 <= h * w <= 375 * 500
+
+
+def test_hflip_boxes_match_torchvision():
+    item = _item()
+    ref = TF.horizontal_flip(tv_tensors.BoundingBoxes(item["boxes"], format="XYXY", canvas_size=(375, 500)))
+    assert torch.equal(hflip(item)["boxes"], ref.as_subclass(torch.Tensor))
+
+
+def test_classification_eval_normalises_with_imagenet_stats():
+    img = torch.full((3, 300, 300), 128, dtype=torch.uint8)
+    out = ClassificationEval()({"image": img})["image"]
+    assert out.shape == (3, 224, 224)
+    expected = [(128 / 255 - m) / s for m, s in zip((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
+    assert out[:, 0, 0].tolist() == pytest.approx(expected, abs=1e-5)
+
+
+def test_segmentation_train_keeps_mask_aligned_and_pads_with_ignore():
+    # 8x8 blocks: the class of a block is encoded in the red channel, so alignment is checkable after the crop
+    g = torch.Generator().manual_seed(0)
+    cls = torch.randperm(21, generator=g)[:20].view(4, 5)  # distinct classes: a misaligned mask cannot agree
+    mask = cls.repeat_interleave(16, 0).repeat_interleave(16, 1)
+    img = torch.stack([mask * 10, mask * 0, mask * 0]).to(torch.uint8)
+    shifted = mask.roll(16, dims=1)  # every pixel gets another block's (distinct) class: a misaligned mask
+    for seed in range(4):
+        make = lambda: SegmentationTrain(64, scale_range=(0.5, 2.0), patch_size=16, normalize=False,  # noqa: E731
+                                         generator=torch.Generator().manual_seed(seed))
+        out, bad = make()({"image": img, "mask": mask}), make()({"image": img, "mask": shifted})
+        assert out["image"].shape == (3, 64, 64) and out["mask"].shape == (64, 64)
+        red = out["image"][0].long()
+
+        def agreement(m):
+            inside = m != 255
+            return ((red - m * 10).abs() <= 2)[inside].float().mean()
+        # bilinear (antialiased) image edges vs nearest mask differ only along block borders (<= 30% at 0.5x)
+        assert agreement(out["mask"]) > 0.65 and agreement(bad["mask"]) < 0.1
+        assert set(out["mask"].unique().tolist()) <= set(cls.unique().tolist()) | {255}
+    small = SegmentationTrain(64, scale_range=(0.5, 0.5), patch_size=16, normalize=False)(
+        {"image": img, "mask": mask})  # 64x80 * (0.5*64/64) -> 32x40: padded bottom/right
+    assert (small["mask"][32:] == 255).all() and (small["image"][:, 32:] == 0).all()
+
+
+def test_segmentation_eval_patch_multiples_and_mask_untouched():
+    item = {"image": torch.zeros(3, 375, 500, dtype=torch.uint8), "mask": torch.zeros(375, 500, dtype=torch.int64)}
+    out = SegmentationEval(448, 16)(item)
+    assert out["image"].shape == (3, 448, 592)  # 500 * 448/375 = 597.3 -> 592
+    assert out["mask"].shape == (375, 500)
+    with pytest.raises(ValueError, match="multiple of the patch size"):
+        SegmentationTrain(100, patch_size=16)
+
+
+def test_eval_depth_mask_crops_and_ranges_hand_counted():
+    assert DEPTH_RANGES == {"nyuv2": (1e-3, 10.0), "sunrgbd": (1e-3, 10.0), "kitti": (1e-3, 80.0)}
+    d = torch.full((480, 640), 5.0)
+    assert int(eval_depth_mask("nyuv2", d).sum()) == (471 - 45) * (601 - 41)
+    m = eval_depth_mask("nyuv2", d)
+    assert m[45, 41] and m[470, 600] and not m[44, 41] and not m[45, 601]
+    d[100, 100], d[101, 100], d[102, 100] = 0.0, 10.0, 9.99  # unknown, at max (excluded), inside
+    m = eval_depth_mask("nyu", d)
+    assert not m[100, 100] and not m[101, 100] and m[102, 100]
+    k = torch.full((375, 1242), 20.0)
+    # Garg: rows int(0.40810811*375)=153 .. int(0.99189189*375)=371, cols int(0.03594771*1242)=44 .. 1197
+    assert int(eval_depth_mask("kitti", k).sum()) == (371 - 153) * (1197 - 44)
+    k[200, 200] = 80.0
+    assert not eval_depth_mask("kitti", k)[200, 200]
+    s = torch.full((2, 30, 40), 3.0)
+    assert eval_depth_mask("sunrgbd", s).all() and eval_depth_mask("sunrgbd", s * 4).sum() == 0
+    with pytest.raises(ValueError, match="no depth evaluation settings"):
+        eval_depth_mask("voc", s)
