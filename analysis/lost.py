@@ -1,0 +1,101 @@
+"""LOST unsupervised object discovery (Siméoni et al. 2021, valeoai/LOST ``object_discovery.py``) and CorLoc.
+
+For one image with patch features F (N, D) on an (h, w) grid:
+  A = F F^T (raw dot products, no normalisation, as LOST);
+  degree of a patch = number of OTHER patches with A > 0;
+  seed = lowest-degree patch; the k lowest-degree patches (k=100 in LOST) that correlate positively with the seed
+  form the seed set S; mask = patches whose summed correlation to S is > 0;
+  box = bounding box of the 4-connected component of the mask containing the seed, in patch units, times the
+  patch size, clipped to the image.
+Features: last-block keys of all heads concatenated (LOST's default ``--which_features k``); patch outputs of the
+last block are the fallback when keys are unavailable (the report says which was used).
+Deviation: ties in degree are broken by patch index (stable sort); LOST's ``torch.argsort`` leaves them unspecified.
+CorLoc = share of images whose box has IoU >= 0.5 with ANY GT box.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.ndimage
+import torch
+
+from .boxes import box_iou
+
+__all__ = ["LostResult", "lost", "corloc_hit", "last_block_keys", "CORLOC_IOU"]
+
+CORLOC_IOU = 0.5
+
+
+@dataclass
+class LostResult:
+    box: tuple[float, float, float, float]  # xyxy pixels
+    box_patches: tuple[int, int, int, int]  # xyxy in patch units (exclusive max)
+    seed: int  # row-major patch index
+    seed_set: list[int]
+    mask: np.ndarray  # (h, w) bool: the connected component the box encloses
+    degree: np.ndarray  # (N,) positive-correlation degree
+
+
+def lost(feats: torch.Tensor, grid: tuple[int, int], patch_size: int, image_size: tuple[int, int] | None = None,
+         k_patches: int = 100) -> LostResult:
+    """LOST box for one image. feats (N, D) row-major over ``grid`` (h, w); image_size (H, W) clips the box."""
+    h, w = int(grid[0]), int(grid[1])
+    if feats.ndim != 2 or feats.shape[0] != h * w:
+        raise ValueError(f"expected features (N={h * w}, D) for grid {h}x{w}, got {tuple(feats.shape)}")
+    f = feats.detach().to(torch.float64)
+    A = f @ f.T
+    pos = A.clone()
+    pos.fill_diagonal_(0)
+    degree = (pos > 0).sum(1)
+    order = torch.sort(degree, stable=True).indices  # ascending degree, ties by index
+    seed = int(order[0])
+    potentials = order[:k_patches]
+    similars = potentials[A[seed, potentials] > 0]
+    if similars.numel() == 0:  # only if the seed feature is all zeros: fall back to the seed patch itself
+        similars = order[:1]
+    M = A[similars].sum(0)
+    labels, _ = scipy.ndimage.label((M > 0).reshape(h, w).cpu().numpy())
+    sy, sx = divmod(seed, w)
+    cc = labels[sy, sx]
+    comp = labels == cc if cc != 0 else np.zeros((h, w), dtype=bool)
+    if cc == 0:
+        comp[sy, sx] = True
+    ys, xs = np.nonzero(comp)
+    bp = (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1)
+    box = [bp[0] * patch_size, bp[1] * patch_size, bp[2] * patch_size, bp[3] * patch_size]
+    if image_size is not None:  # the padded border is not part of the image
+        box[2] = min(box[2], image_size[1])
+        box[3] = min(box[3], image_size[0])
+    return LostResult(box=tuple(float(v) for v in box), box_patches=bp, seed=seed,
+                      seed_set=[int(i) for i in similars], mask=comp, degree=degree.cpu().numpy())
+
+
+def corloc_hit(pred_box, gt_boxes, iou: float = CORLOC_IOU) -> bool:
+    gt = torch.as_tensor(gt_boxes, dtype=torch.float64).reshape(-1, 4)
+    if gt.shape[0] == 0:
+        return False
+    return bool((box_iou(torch.as_tensor(pred_box, dtype=torch.float64), gt) >= iou).any())
+
+
+@torch.no_grad()
+def last_block_keys(model, images: torch.Tensor) -> torch.Tensor:
+    """Keys of the last attention block for the patch tokens: (B, N, D), heads concatenated, prefix removed.
+
+    Captures the block's normalised attention input with a pre-hook and reapplies the block's own q/k/v projection
+    (``_qkv`` handles the specialised [CLS] projection), so every variant gives its real keys.
+    """
+    attn = model.blocks[-1].attn
+    seen = {}
+    handle = attn.register_forward_pre_hook(lambda m, args, kwargs=None: seen.__setitem__("x", args[0]))
+    try:
+        model.forward_features(images)
+    finally:
+        handle.remove()
+    x = seen["x"]
+    B, T, _ = x.shape
+    qkv = attn._qkv(x) if hasattr(attn, "_qkv") else attn.qkv(x)
+    k = qkv.reshape(B, T, 3, attn.num_heads, -1)[:, :, 1].transpose(1, 2)  # (B, H, T, hd)
+    k = attn.k_norm(k) if hasattr(attn, "k_norm") else k
+    k = k.transpose(1, 2).reshape(B, T, -1)
+    return k[:, model.num_prefix_tokens:]

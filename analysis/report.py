@@ -1,0 +1,372 @@
+"""``make report``: every probe and analysis results.json under runs/ -> reports/report.md + report.csv + plots.
+
+One row per variant (and per data source: runs on the generated demo data are kept apart from real-data runs),
+the paper columns, the difference to the softmax baseline of the same data source, and the published numbers as
+reference rows labelled "paper". A cell nobody measured says "not run"; a paper cell the paper does not report
+says "not reported". Nothing is ever filled in.
+
+    python -m analysis.report [--runs runs] [--out reports] [--baseline softmax]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import io
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from tokenmix import paths
+from tokenmix.io import atomic_write
+
+NOT_RUN = "not run"
+NOT_REPORTED = "not reported"
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    title: str
+    source: str  # "probe" | "analysis"
+    task: str  # probe task / analysis task
+    pick: Callable[[dict, dict], Optional[float]]  # (metrics, whole results.json) -> value
+    lower_is_better: bool = False
+    digits: int = 2
+    datasets: tuple = ()  # analysis only: which data names feed this column
+    delta: bool = True  # show the difference to the baseline
+
+
+def _get(d: Any, *keys) -> Optional[float]:
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return float(d) if isinstance(d, (int, float)) and not isinstance(d, bool) else None
+
+
+def _knn20(m, r):
+    top = m.get("top1") if isinstance(m, dict) else None
+    return _get(top, "20") if isinstance(top, dict) and "20" in top else (
+        _get(top, str(min(top, key=lambda k: abs(int(k) - 20)))) if isinstance(top, dict) and top else None)
+
+
+COLUMNS: list[Column] = [
+    Column("imagenet_linear", "ImageNet linear top-1", "probe", "imagenet", lambda m, r: _get(m, "best_top1")),
+    Column("imagenet_knn", "ImageNet k-NN top-1 (k=20)", "probe", "knn", _knn20),
+    Column("voc_miou", "VOC mIoU", "probe", "voc", lambda m, r: _get(m, "mIoU")),
+    Column("ade20k_miou", "ADE20K mIoU", "probe", "ade20k", lambda m, r: _get(m, "mIoU")),
+    Column("cityscapes_miou", "Cityscapes mIoU", "probe", "cityscapes", lambda m, r: _get(m, "mIoU")),
+    Column("nyuv2_rmse", "NYUv2 RMSE", "probe", "nyuv2", lambda m, r: _get(m, "rmse"), True, 4),
+    Column("sunrgbd_rmse", "SUN RGB-D RMSE", "probe", "sunrgbd", lambda m, r: _get(m, "rmse"), True, 4),
+    Column("kitti_rmse", "KITTI RMSE", "probe", "kitti", lambda m, r: _get(m, "rmse"), True, 4),
+    Column("pib_imagenet", "PiB ImageNet", "analysis", "pib", lambda m, r: _get(m, "pib"), datasets=("imagenet",)),
+    Column("pib_voc", "PiB VOC", "analysis", "pib", lambda m, r: _get(m, "pib"), datasets=("voc", "demo")),
+    Column("corloc_voc", "CorLoc VOC", "analysis", "corloc", lambda m, r: _get(m, "corloc"),
+           datasets=("voc", "demo")),
+]
+EXTRA_COLUMNS: list[Column] = [
+    Column("pib_chance", "PiB chance level (VOC/demo, %)", "analysis", "pib", lambda m, r: _get(m, "pib_chance"),
+           datasets=("voc", "demo"), delta=False),
+    Column("high_norm_share", "high-norm patch share (last block, %)", "analysis", "norms",
+           lambda m, r: None if _get(m, "high_norm_share") is None else 100 * _get(m, "high_norm_share")),
+    Column("attn_zero_share", "attention exact zeros (%)", "analysis", "attention",
+           lambda m, r: None if _get(m, "zero_share") is None else 100 * _get(m, "zero_share")),
+    Column("pca_top3_var", "PCA top-3 explained variance (%)", "analysis", "pca",
+           lambda m, r: None if not m.get("explained_variance_ratio") else 100 * sum(m["explained_variance_ratio"])),
+]
+
+# Published numbers (docs/REFERENCE.md). Entmax paper: DINOv1 ViT-S/16, 200 epochs, ImageNet-1K; linear probes.
+# LaSt-ViT: Point-in-Box on ImageNet val (single object, box < 25%).
+PAPER_ROWS: list[dict[str, Any]] = [
+    {"row": "paper: CLS baseline (entmax paper, DINO ViT-S/16 200 ep)", "group": "entmax",
+     "imagenet_linear": 69.50, "voc_miou": 42.80, "ade20k_miou": 19.85, "cityscapes_miou": 36.79},
+    {"row": "paper: Entmax-1.5 (entmax paper, DINO ViT-S/16 200 ep)", "group": "entmax",
+     "imagenet_linear": 70.06, "voc_miou": 48.78, "ade20k_miou": 21.97, "cityscapes_miou": 37.87},
+    {"row": "paper: DINO-v1 baseline (LaSt-ViT paper)", "group": "lastvit_dino", "pib_imagenet": 44.5},
+    {"row": "paper: DINO-v1 + LaSt (LaSt-ViT paper)", "group": "lastvit_dino", "pib_imagenet": 69.7},
+    {"row": "paper: ViT-B/16 supervised baseline (LaSt-ViT paper)", "group": "lastvit_b16", "pib_imagenet": 42.7},
+    {"row": "paper: ViT-B/16 supervised + LaSt (LaSt-ViT paper)", "group": "lastvit_b16", "pib_imagenet": 55.1},
+]
+PAPER_NOTES = [
+    "Entmax paper, depth: NYUv2 / SUN RGB-D / KITTI RMSE 0.004-0.005 lower with entmax-1.5 than the CLS baseline "
+    "(no absolute values given, so those cells say 'not reported').",
+    "Paper rows compare with their own baseline (the first row of each paper pair), not with our softmax run.",
+]
+
+
+# --------------------------------------------------------------------------- collecting results
+
+@dataclass
+class Found:
+    variant: str
+    data: str  # "demo" or the dataset name
+    created: str
+    path: Path
+    payload: dict = field(repr=False)
+
+
+def _load(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:  # a half-written file cannot exist (atomic writes); a foreign one can
+        print(f"[report] skipping unreadable {path}: {e}", file=sys.stderr)
+        return None
+
+
+def _data_kind(data: str) -> str:
+    return "demo" if data in ("", "demo") or str(data).startswith("demo") else "real"
+
+
+def collect(runs: Path) -> dict[tuple[str, str, str, str], Found]:
+    """(variant, data kind, source, task) -> the newest results (probe: latest single-layer run) and
+    ("...", "<task>@layers") -> the newest layer sweep."""
+    out: dict[tuple, Found] = {}
+
+    def keep(key, f: Found):
+        if key not in out or (f.created, str(f.path)) > (out[key].created, str(out[key].path)):
+            out[key] = f
+
+    for path in sorted(runs.glob("*/probe/*/version_*/results.json")):
+        r = _load(path)
+        if not r or "metrics" not in r:
+            continue
+        variant, task = path.parts[-5], r.get("task", path.parts[-3])
+        data = str((r.get("config") or {}).get("data") or "demo")
+        f = Found(variant, data, str(r.get("created", "")), path, r)
+        sweep = isinstance(r["metrics"], dict) and "layers" in r["metrics"]
+        keep((variant, _data_kind(data), "probe", f"{task}@layers" if sweep else task), f)
+    for path in sorted(runs.glob("*/analysis/*/version_*/results.json")):
+        r = _load(path)
+        if not r or "metrics" not in r:
+            continue
+        variant, task = path.parts[-5], r.get("task", path.parts[-3])
+        data = str(r.get("data") or "demo")
+        f = Found(variant, data, str(r.get("created", "")), path, r)
+        keep((variant, _data_kind(data), "analysis", f"{task}:{data}"), f)
+    return out
+
+
+def _cell(found: dict, variant: str, kind: str, col: Column) -> tuple[Optional[float], Optional[Found]]:
+    if col.source == "probe":
+        f = found.get((variant, kind, "probe", col.task))
+        return (col.pick(f.payload["metrics"], f.payload), f) if f else (None, None)
+    best = None
+    for (v, k, src, t), f in found.items():
+        if (v, k, src) != (variant, kind, "analysis") or t.split(":")[0] != col.task:
+            continue
+        if col.datasets and f.data not in col.datasets and not (kind == "demo" and "demo" in col.datasets):
+            continue
+        if best is None or f.created > best.created:
+            best = f
+    return (col.pick(best.payload["metrics"], best.payload), best) if best else (None, None)
+
+
+def build_table(found, baseline: str = "softmax"):
+    rows_keys = sorted({(v, k) for (v, k, _, _) in found}, key=lambda vk: (vk[1] != "real", vk[0] != baseline, vk))
+    kinds = {k for _, k in rows_keys}
+    table = []
+    for variant, kind in rows_keys:
+        label = variant if len(kinds) == 1 and kind == "real" else f"{variant} [{kind} data]"
+        row = {"row": label, "variant": variant, "data": kind, "sources": {}}
+        for col in COLUMNS + EXTRA_COLUMNS:
+            val, f = _cell(found, variant, kind, col)
+            row[col.key] = val
+            if f is not None:
+                row["sources"][col.key] = (str(f.path), _checkpoint(f.payload))
+        # one row = one variant name; say so when its cells come from different checkpoints
+        row["checkpoints"] = sorted({c for _, c in row["sources"].values() if c})
+        table.append(row)
+    for row in table:  # difference to the baseline of the same data source
+        base = next((r for r in table if r["variant"] == baseline and r["data"] == row["data"]), None)
+        for col in COLUMNS + EXTRA_COLUMNS:
+            v, b = row[col.key], (base or {}).get(col.key)
+            row[f"{col.key}_delta"] = None if v is None or b is None or row is base or not col.delta else v - b
+    return table
+
+
+def _checkpoint(payload: dict) -> Optional[str]:
+    """sha256 of the checkpoint a results.json was computed from (analysis: ckpt_sha256; probes: backbone.*)."""
+    sha = payload.get("ckpt_sha256") or (payload.get("backbone") or {}).get("checkpoint_sha256")
+    return str(sha) if sha else None
+
+
+def paper_table():
+    rows = []
+    for p in PAPER_ROWS:
+        row = {"row": p["row"], "variant": "paper", "data": "paper", "sources": {}}
+        base = next(q for q in PAPER_ROWS if q["group"] == p["group"])
+        for col in COLUMNS:
+            row[col.key] = p.get(col.key)
+            row[f"{col.key}_delta"] = (p[col.key] - base[col.key]) if (p is not base and col.key in p
+                                                                       and col.key in base) else None
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- writing
+
+def _fmt(v: Optional[float], d: Optional[float], col: Column, paper: bool) -> str:
+    if v is None:
+        return NOT_REPORTED if paper else NOT_RUN
+    s = f"{v:.{col.digits}f}"
+    if d is not None:
+        s += f" ({d:+.{col.digits}f})"
+    return s
+
+
+def markdown(table, papers, plots: list[str], runs: Path, baseline: str) -> str:
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    heads = [c.title + (" ↓" if c.lower_is_better else "") for c in COLUMNS]
+    lines = [
+        "# tokenmix comparison report", "",
+        f"Generated {now} from every `results.json` under `{runs}` by `make report`. "
+        f"Cells: value (difference to `{baseline}` of the same data source). ↓ = lower is better; "
+        "mIoU / top-1 / PiB / CorLoc in %, RMSE in metres. "
+        f"'{NOT_RUN}' = no result found; '{NOT_REPORTED}' = the paper gives no number.",
+        "Rows marked [demo data] come from the generated demo datasets (their columns are the demo analogues: "
+        "demo ImageFolder for ImageNet, demo VOC scenes for VOC/PiB/CorLoc, demo NYU rooms for NYUv2); "
+        "never compare them with the paper rows.", "",
+        "| variant | " + " | ".join(heads) + " |",
+        "|---|" + "---|" * len(COLUMNS),
+    ]
+    for r in table:
+        mixed = f" ({len(r['checkpoints'])} checkpoints, see Sources)" if len(r["checkpoints"]) > 1 else ""
+        lines.append(f"| {r['row']}{mixed} | " + " | ".join(_fmt(r[c.key], r[f'{c.key}_delta'], c, False)
+                                                            for c in COLUMNS) + " |")
+    for r in papers:
+        lines.append(f"| *{r['row']}* | " + " | ".join(_fmt(r[c.key], r[f'{c.key}_delta'], c, True)
+                                                      for c in COLUMNS) + " |")
+    lines += [""] + [f"- {n}" for n in PAPER_NOTES]
+    lines += ["", "## Token statistics", "", "| variant | " + " | ".join(c.title for c in EXTRA_COLUMNS) + " |",
+              "|---|" + "---|" * len(EXTRA_COLUMNS)]
+    for r in table:
+        lines.append(f"| {r['row']} | " + " | ".join(_fmt(r[c.key], r[f'{c.key}_delta'], c, False)
+                                                    for c in EXTRA_COLUMNS) + " |")
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    lines += ["", "## Sources", "", "Each cell's results.json and the sha256 (first 12 hex digits) of the checkpoint "
+              "it was computed from.", ""]
+    for r in table:
+        for k, (p, sha) in sorted(r["sources"].items()):
+            lines.append(f"- {r['row']} / {k}: `{_rel(p)}` (checkpoint {sha[:12] if sha else 'none: baseline'})")
+    return "\n".join(lines) + "\n"
+
+
+def _rel(p: str) -> str:
+    try:
+        return str(Path(p).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return p
+
+
+def write_csv(table, papers, path: Path) -> None:
+    cols = [c.key for c in COLUMNS + EXTRA_COLUMNS]
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["row", "kind", "data"] + cols + [f"{c}_delta_vs_baseline" for c in cols] + ["checkpoints_sha256"])
+    for r, kind in [(r, "measured") for r in table] + [(r, "paper") for r in papers]:
+        empty = NOT_REPORTED if kind == "paper" else NOT_RUN
+        vals = [empty if r.get(c) is None else f"{r[c]:.6g}" for c in cols]
+        deltas = ["" if r.get(f"{c}_delta") is None else f"{r[f'{c}_delta']:.6g}" for c in cols]
+        w.writerow([r["row"], kind, r["data"]] + vals + deltas + [" ".join(r.get("checkpoints", []))])
+    with atomic_write(path, "w") as f:
+        f.write(buf.getvalue())
+
+
+def _save_plot(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    with atomic_write(path, "wb") as f:
+        f.write(buf.getvalue())
+
+
+def plots(found, out: Path) -> list[str]:
+    from .figures import layer_curves
+
+    written = []
+
+    def label(v, k, data=None):
+        base = v if k == "real" else f"{v} [{k}]"
+        return base if data in (None, "demo") else f"{base} ({data})"
+
+    # PiB per layer, one line per variant and data set
+    curves = {}
+    for (v, k, src, t), f in sorted(found.items()):
+        if src == "analysis" and t.startswith("pib:") and f.payload["metrics"].get("pib_per_layer"):
+            curves[label(v, k, f.data)] = [float("nan") if x is None else x
+                                                  for x in f.payload["metrics"]["pib_per_layer"]]
+    if curves:
+        _save_plot(layer_curves(curves, "Point-in-Box per block", "PiB (%)"), out / "pib_per_layer.png")
+        written.append("pib_per_layer.png")
+    for task_key, title in (("norms", "high_norm_share_per_layer"), ("attention", "zero_share_per_layer")):
+        curves = {}
+        for (v, k, src, t), f in sorted(found.items()):
+            vals = f.payload["metrics"].get(title) if src == "analysis" and t.startswith(task_key + ":") else None
+            if vals:
+                curves[label(v, k, f.data)] = vals
+        if curves:
+            _save_plot(layer_curves(curves, title.replace("_", " "), "fraction"), out / f"{title}.png")
+            written.append(f"{title}.png")
+    # probe metric per layer (layer sweeps: make probe LAYER=all)
+    by_task: dict[str, dict[str, list]] = {}
+    for (v, k, src, t), f in sorted(found.items()):
+        if src != "probe" or not t.endswith("@layers"):
+            continue
+        task = t[: -len("@layers")]
+        col = next((c for c in COLUMNS if c.source == "probe" and c.task == task), None)
+        if col is None:
+            continue
+        layers = f.payload["metrics"]["layers"]
+        pts = sorted((int(name.split("_")[-1]), col.pick(m, f.payload)) for name, m in layers.items()
+                     if name.startswith("block_"))
+        if pts:
+            by_task.setdefault(task, {})[label(v, k)] = ([p[0] for p in pts], [p[1] for p in pts], col)
+    for task, series in by_task.items():
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        col = None
+        for name, (xs, ys, col) in series.items():
+            ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=name)
+        ax.set_xlabel("block")
+        ax.set_ylabel(col.title if col else task)
+        ax.set_title(f"{task}: probe per block", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        _save_plot(fig, out / f"probe_per_layer_{task}.png")
+        written.append(f"probe_per_layer_{task}.png")
+    return written
+
+
+def main(argv=None) -> Path:
+    p = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", default="", help="runs folder (default: tokenmix.paths.RUNS)")
+    p.add_argument("--out", default="", help="output folder (default: <repo>/reports)")
+    p.add_argument("--baseline", default="softmax", help="variant the differences are taken against")
+    args = p.parse_args(argv)
+    runs = Path(args.runs) if args.runs else paths.RUNS
+    out = Path(args.out) if args.out else paths.REPO / "reports"
+    out.mkdir(parents=True, exist_ok=True)
+    found = collect(runs) if runs.is_dir() else {}
+    if not found:
+        print(f"[report] no results.json under {runs}: every measured cell will say '{NOT_RUN}'. Run "
+              "`make probe` / `make analyze` first.", file=sys.stderr)
+    table, papers = build_table(found, args.baseline), paper_table()
+    written = plots(found, out)
+    md = markdown(table, papers, written, runs, args.baseline)
+    with atomic_write(out / "report.md", "w") as f:
+        f.write(md)
+    write_csv(table, papers, out / "report.csv")
+    print(md)
+    print(f"[report] wrote {out / 'report.md'}, {out / 'report.csv'} and {len(written)} plot(s)")
+    return out / "report.md"
+
+
+if __name__ == "__main__":
+    main()

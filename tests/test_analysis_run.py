@@ -1,0 +1,145 @@
+"""End to end: `python -m analysis.run` for every task on a tiny VOC-layout dataset and a tiny checkpoint."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from analysis import run as analysis_run
+from analysis.tasks import TASKS
+from tokenmix import paths
+from tokenmix.io import atomic_torch_save
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_voc(root: Path, n: int = 5) -> Path:
+    voc = root / "VOCdevkit" / "VOC2012"
+    for d in ("JPEGImages", "SegmentationClass", "Annotations", "ImageSets/Segmentation"):
+        (voc / d).mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    ids = []
+    for i in range(n):
+        W, H = 48 + 8 * (i % 2), 40
+        img = rng.integers(60, 120, (H, W, 3), dtype=np.uint8)
+        x0, y0 = 8 + 3 * i, 6 + 2 * i
+        img[y0:y0 + 16, x0:x0 + 20] = (220, 30, 30)
+        name = f"2008_{i:06d}"
+        ids.append(name)
+        Image.fromarray(img).save(voc / "JPEGImages" / f"{name}.jpg", quality=95)
+        Image.fromarray(np.zeros((H, W), np.uint8), mode="L").convert("P").save(voc / "SegmentationClass" / f"{name}.png")
+        objs = [("person", x0 + 1, y0 + 1, x0 + 20, y0 + 16)] + ([("car", 1, 1, 10, 12)] if i % 2 else [])
+        xml = "<annotation><filename>%s.jpg</filename><size><width>%d</width><height>%d</height><depth>3</depth></size>" % (name, W, H)
+        for c, a, b, cc, d in objs:
+            xml += (f"<object><name>{c}</name><difficult>0</difficult><bndbox><xmin>{a}</xmin><ymin>{b}</ymin>"
+                    f"<xmax>{cc}</xmax><ymax>{d}</ymax></bndbox></object>")
+        (voc / "Annotations" / f"{name}.xml").write_text(xml + "</annotation>")
+    for split in ("val", "trainval"):
+        (voc / "ImageSets" / "Segmentation" / f"{split}.txt").write_text("\n".join(ids) + "\n")
+    return root
+
+
+def write_ckpt(path: Path, variant: str) -> Path:
+    import backbones
+    torch.manual_seed(0)
+    m = backbones.create_vit("vit_test_patch8", variant)
+    sd = {f"{who}.backbone.{k}": v for who in ("teacher", "student") for k, v in m.state_dict().items()}
+    atomic_torch_save({"state_dict": sd, "tokenmix": {"backbone": dict(m.config), "variant": m.variant,
+                                                      "arch": m.arch}}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("analysis_e2e")
+    data = write_voc(root / "data")
+    ckpts = {v: write_ckpt(root / f"{v.replace('+', '_')}.ckpt", v) for v in ("softmax", "entmax+lastvit")}
+    return root, data, ckpts
+
+
+def _run(root, data, ckpt, task, *extra):
+    mp = pytest.MonkeyPatch()
+    mp.setattr(paths, "RUNS", root / "runs")
+    try:
+        return analysis_run.main(["--task", task, "--variant", "", "--ckpt", str(ckpt), "--data", "voc",
+                                  "--data-root", str(data), "--batch-size", "2", "--num-vis", "2",
+                                  "--image-set", "Segmentation", *extra])
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_every_task_writes_results_and_pngs(setup, task):
+    root, data, ckpts = setup
+    res = _run(root, data, ckpts["softmax"], task, *(["--no-tensorboard"] if task != "pib" else []))
+    folders = sorted((root / "runs" / "softmax" / "analysis" / task).glob("version_*"))
+    out = folders[-1]
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["task"] == task and saved["variant"] == "softmax" and saved["model"]["arch"] == "vit_test_patch8"
+    assert saved["ckpt_sha256"] and saved["metrics"] == json.loads(json.dumps(res["metrics"]))
+    assert saved["figures"] and all((out / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in saved["figures"])
+    m = saved["metrics"]
+    if task in ("pib", "corloc"):
+        assert m["n_images"] == 5 and 0 <= m[task] <= 100
+        assert m[task] * 5 / 100 == pytest.approx(round(m[task] * 5 / 100))  # a whole number of images
+    if task == "pib":
+        assert len(m["pib_per_layer"]) == 2 and m["pib_per_layer"][-1] == m["pib"]
+        assert list(out.glob("events.out.tfevents.*"))  # figures also went to TensorBoard
+    if task == "attention":
+        assert m["zero_share"] == 0.0 and len(m["per_head"]["all"]["entropy"]) == 2  # softmax: no exact zeros
+    if task == "norms":
+        assert len(m["high_norm_share_per_layer"]) == 2
+    if task == "pca":
+        assert len(m["explained_variance_ratio"]) == 3 and sum(m["explained_variance_ratio"]) <= 1 + 1e-6
+
+
+def test_lastvit_vote_maps_and_checkpoint_variant_names_the_run(setup):
+    root, data, ckpts = setup
+    res = _run(root, data, ckpts["entmax+lastvit"], "pib", "--no-tensorboard")
+    assert res["variant"] == "entmax+lastvit"
+    votes = res["metrics"]["votes"]
+    assert 0 <= votes["share_of_votes_in_box"] <= 100
+    out = sorted((root / "runs" / "entmax+lastvit" / "analysis" / "pib").glob("version_*"))[-1]
+    assert (out / "vote_maps.png").is_file()
+    # a second run never overwrites the first
+    _run(root, data, ckpts["entmax+lastvit"], "pib", "--no-tensorboard")
+    assert len(list((root / "runs" / "entmax+lastvit" / "analysis" / "pib").glob("version_*"))) == 2
+
+
+def test_clear_errors(setup, tmp_path):
+    root, data, ckpts = setup
+    with pytest.raises(SystemExit, match="Valid tasks: pib, pca, norms, attention, corloc"):
+        analysis_run.main(["--task", "nope"])
+    with pytest.raises(FileNotFoundError, match="DATA_ROOT"):
+        analysis_run.main(["--task", "pca", "--ckpt", str(ckpts["softmax"]), "--data", "voc", "--data-root", ""])
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        analysis_run.main(["--task", "pca", "--ckpt", str(tmp_path / "missing.ckpt")])
+    mp = pytest.MonkeyPatch()
+    mp.setattr(paths, "RUNS", tmp_path / "empty_runs")
+    try:
+        with pytest.raises(FileNotFoundError, match="make pretrain VARIANT=entmax"):
+            analysis_run.main(["--task", "pca", "--variant", "entmax", "--ckpt", ""])
+    finally:
+        mp.undo()
+
+
+def test_cli_exit_code_and_message():
+    r = subprocess.run([sys.executable, "-m", "analysis.run", "--task", "bogus", "--variant", "softmax",
+                        "--ckpt", "", "--data", "demo", "--data-root", ""], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode != 0 and "Valid tasks" in r.stderr
+
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"
+
+
+@pytest.mark.skipif(not (FIXTURES / "voc").is_dir(), reason=f"real-format fixtures not present at {FIXTURES}")
+def test_real_voc_fixture_layout(setup):
+    """The real VOC2012 layout (3 JPEGs, XML boxes): every image with its boxes goes through PiB and LOST."""
+    root, _, ckpts = setup
+    for task in ("pib", "corloc"):
+        res = _run(root, FIXTURES / "voc", ckpts["softmax"], task, "--split", "trainval", "--no-tensorboard")
+        assert res["metrics"]["n_images"] == 3 and res["split"] == "trainval"
