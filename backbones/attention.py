@@ -2,8 +2,10 @@
 
 Subclasses timm's ``Attention`` so parameter names (``qkv``, ``proj``) and init stay timm/DINO's.
 Two additions:
-- ``normalizer``: ``None`` = softmax through the fused ``scaled_dot_product_attention``; otherwise the
-  explicit DINO line ``attn = (q @ k^T) * scale; attn = normalizer(attn)``.
+- ``normalizer``: ``None`` = softmax through the fused ``scaled_dot_product_attention``; entmax-1.5 and
+  sparsemax through the fused, memory-lean ``entmax_fast.sparse_attention`` (same values); otherwise
+  (and whenever the weights are recorded, masked or dropped out) the explicit DINO lines
+  ``attn = (q @ k^T) * scale; attn = normalizer(attn); x = attn @ v``.
 - ``qkv_cls``: an optional separate q/k/v projection for the [CLS] token (CLS/patch specialization);
   [CLS] and patches still attend jointly.
 Set ``record = True`` to keep the last attention probabilities in ``last_attn`` (analysis, TensorBoard).
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from timm.models.vision_transformer import Attention
 
+from .entmax_fast import sparse_attention
 from .normalizers import Normalizer
 
 
@@ -38,10 +41,14 @@ class TokenMixAttention(Attention):
         qkv = self._qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
+        fused_kind = getattr(self.normalizer, "fused_kind", None)
+        plain = not self.record and attn_mask is None and not is_causal and not (self.training and self.attn_drop.p > 0)
         if self.normalizer is None and not self.record:
             x = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                 dropout_p=self.attn_drop.p if self.training else 0.0)
+        elif fused_kind is not None and plain:
+            x = sparse_attention(q, k, v, self.scale, fused_kind).to(v.dtype)
         else:
             attn = (q * self.scale) @ k.transpose(-2, -1)
             if attn_mask is not None:

@@ -5,11 +5,12 @@ full sort. The threshold tau is found by Newton steps from below (they never ove
 always contains the true support) and finished with the closed-form root on that support, accepted only
 when it is consistent with it (every member above tau, every non-member at or below): then it is exact.
 Rows that do not settle fall back to the sort-based formula. The backward saves only the output Y.
+:func:`sparse_attention` goes further for attention: it saves q, k, v and 2 numbers per row, not Y.
 
 Backends (``TOKENMIX_ENTMAX_BACKEND`` or :func:`use_backend`):
-- ``cpp``: backbones/csrc/entmax_fast.cpp, one OpenMP-parallel pass per row block, compiled at first
-  use with ``-O3 -march=native`` for the CPU it runs on and cached under ``~/.cache/tokenmix`` (key:
-  source, flags, compiler and CPU features). CPU, float32/float64.
+- ``cpp``: backbones/csrc/entmax_fast.cpp, SIMD loops per row, rows split over torch's OpenMP threads;
+  compiled at first use with ``-O3 -march=native`` for the CPU it runs on and cached under
+  ``~/.cache/tokenmix`` (key: source, flags, compiler and CPU features). CPU, float32/float64.
 - ``torch``: the same algorithm in vectorised PyTorch; any device (GPU included), any float dtype.
 - ``auto`` (default): ``cpp`` for CPU tensors when it builds, else ``torch`` (one warning if the build fails).
 Inputs in fp16/bf16 are computed in fp32; the result is fp32 (fp64 stays fp64).
@@ -31,11 +32,12 @@ from typing import Iterator
 
 import torch
 
-__all__ = ["entmax15", "sparsemax", "use_backend", "cpp_available", "cpp_build_error", "BACKENDS"]
+__all__ = ["entmax15", "sparsemax", "sparse_attention", "use_backend", "cpp_available", "cpp_build_error", "BACKENDS"]
 
 BACKENDS = ("auto", "cpp", "torch")
 _SRC = Path(__file__).resolve().with_name("csrc") / "entmax_fast.cpp"
-_CXXFLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp"]
+# no errno and no FP traps: lets sqrt and the masked reductions vectorise (IEEE results unchanged)
+_CXXFLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 _MAX_SWEEPS = 64
 _backend = os.environ.get("TOKENMIX_ENTMAX_BACKEND", "auto") or "auto"
 
@@ -120,8 +122,9 @@ def _load() -> ctypes.CDLL | None:
             ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
             for suf in ("f32", "f64"):
                 for name in ("entmax15", "sparsemax"):
-                    getattr(lib, f"tm_{name}_fwd_{suf}").argtypes = [ptr, ptr, i64, i64, i32]
-                    getattr(lib, f"tm_{name}_bwd_{suf}").argtypes = [ptr, ptr, ptr, i64, i64, i32]
+                    for op in ("fwd", "apply", "bwd"):  # (in, out/stats, out, rows, n, threads)
+                        getattr(lib, f"tm_{name}_{op}_{suf}").argtypes = [ptr, ptr, ptr, i64, i64, i32]
+            lib.tm_set_max_sweeps.argtypes = [i32]
             _lib = lib
         except Exception as e:  # any failure: keep the exact PyTorch path
             _lib_error = f"{type(e).__name__}: {e}"
@@ -163,10 +166,11 @@ def _use_cpp(x: torch.Tensor) -> bool:
     return True
 
 
-def _cpp_call(op: str, *tensors: torch.Tensor) -> None:
+def _cpp_call(op: str, *tensors: torch.Tensor | None) -> None:
+    """tensors[0]: (rows, n) contiguous; None passes a null pointer (no row statistics wanted)."""
     rows, n = tensors[0].shape
     fn = getattr(_lib, f"tm_{op}_{_SUFFIX[tensors[0].dtype]}")
-    fn(*(ctypes.c_void_p(t.data_ptr()) for t in tensors), rows, n, torch.get_num_threads())
+    fn(*(ctypes.c_void_p(None if t is None else t.data_ptr()) for t in tensors), rows, n, torch.get_num_threads())
 
 
 # ------------------------------------------------------------------------------------------- PyTorch path
@@ -181,7 +185,7 @@ def _threshold_sorted(z: torch.Tensor, entmax15: bool) -> torch.Tensor:
         cand = mean - ((1 - ss) / k).clamp_min(0).sqrt()
     else:
         cand = (s1 - 1) / k
-    support = (cand <= zs).sum(-1, keepdim=True).clamp_min(1)
+    support = ((cand <= zs) & (zs > float("-inf"))).sum(-1, keepdim=True).clamp_min(1)  # -inf: masked keys
     return cand.gather(-1, support - 1)
 
 
@@ -205,16 +209,16 @@ def _threshold_torch(z: torch.Tensor, entmax15: bool) -> torch.Tensor:
             norm = torch.linalg.vector_norm(d, dim=-1, keepdim=True)
             step = (norm * norm - norm) / s1
         if sweep < (2 if entmax15 else 1):
-            t_a = t_a + step if entmax15 else t_a + (s1 - 1) / (d > 0).sum(-1, keepdim=True)
+            t_a = t_a + step if entmax15 else t_a + (s1 - 1) / torch.count_nonzero(d, dim=-1).unsqueeze(-1)
             continue
-        k = (d > 0).sum(-1, keepdim=True)
+        k = torch.count_nonzero(d, dim=-1).unsqueeze(-1)  # d >= 0 after the clamp: one pass, no mask
         if entmax15:
             mean = s1 / k
             u = mean - ((1 - (norm * norm - s1 * mean)) / k).clamp_min(0).sqrt()
         else:
             u = (s1 - 1) / k
             step = u
-        ok = ((d > u).sum(-1, keepdim=True) == k).squeeze(1) & (u >= 0).squeeze(1)
+        ok = (torch.count_nonzero(d > u, dim=-1) == k.squeeze(1)) & (u >= 0).squeeze(1)
         tau[active[ok]] = (t_a + u)[ok]
         stuck = ~ok & ~(torch.isfinite(step) & (step > 0)).squeeze(1)
         if stuck.any():  # no progress left in floating point: exact sort-based finish
@@ -229,13 +233,24 @@ def _threshold_torch(z: torch.Tensor, entmax15: bool) -> torch.Tensor:
     return tau
 
 
-def _forward_torch(x: torch.Tensor, entmax15: bool) -> torch.Tensor:
+def _forward_torch(x: torch.Tensor, entmax15: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Y, mt) with mt[:, 0] = row max, mt[:, 1] = tau in z space: what :func:`_apply_torch` needs."""
     m = x.amax(-1, keepdim=True)
-    z = x - torch.where(torch.isfinite(m), m, float("nan"))  # all -inf / +inf rows -> NaN, like softmax
+    m = torch.where(torch.isfinite(m), m, float("nan"))  # all -inf / +inf rows -> NaN, like softmax
+    z = x - m
     if entmax15:
         z.mul_(0.5)
     tau = _threshold_torch(z, entmax15)
     y = z.sub_(tau).clamp_(min=0)
+    return (y.square_() if entmax15 else y), torch.cat([m, tau], dim=1)
+
+
+def _apply_torch(x: torch.Tensor, mt: torch.Tensor, entmax15: bool) -> torch.Tensor:
+    """Y from the logits and saved row statistics, with the forward's exact arithmetic (same bits)."""
+    z = x - mt[:, :1]
+    if entmax15:
+        z.mul_(0.5)
+    y = z.sub_(mt[:, 1:]).clamp_(min=0)
     return y.square_() if entmax15 else y
 
 
@@ -254,9 +269,9 @@ class _SparseNormFn(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, entmax15: bool, cpp: bool) -> torch.Tensor:
         if cpp:
             y = torch.empty_like(x)
-            _cpp_call("entmax15_fwd" if entmax15 else "sparsemax_fwd", x, y)
+            _cpp_call("entmax15_fwd" if entmax15 else "sparsemax_fwd", x, y, None)
         else:
-            y = _forward_torch(x, entmax15)
+            y, _ = _forward_torch(x, entmax15)
         ctx.entmax15, ctx.cpp = entmax15, cpp
         ctx.save_for_backward(y)
         return y
@@ -271,6 +286,90 @@ class _SparseNormFn(torch.autograd.Function):
         else:
             dx = _backward_torch(y, dy, ctx.entmax15)
         return dx, None, None
+
+
+def _row_stats(s2: torch.Tensor, entmax15: bool, cpp: bool) -> torch.Tensor:
+    """Y in place of the (rows, n) logits s2; returns the (rows, 2) statistics that recompute it."""
+    if cpp:
+        mt = s2.new_empty(s2.shape[0], 2)
+        _cpp_call("entmax15_fwd" if entmax15 else "sparsemax_fwd", s2, s2, mt)
+        return mt
+    y, mt = _forward_torch(s2, entmax15)
+    s2.copy_(y)
+    return mt
+
+
+def _recompute(s2: torch.Tensor, mt: torch.Tensor, entmax15: bool, cpp: bool) -> None:
+    if cpp:
+        _cpp_call("entmax15_apply" if entmax15 else "sparsemax_apply", s2, mt, s2)
+    else:
+        s2.copy_(_apply_torch(s2, mt, entmax15))
+
+
+def _logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    # DINO's order, (q @ k^T) * scale, in fp32 whatever the input dtype; contiguous (B, H, N, M)
+    dt = q.dtype if q.dtype in _SUFFIX else torch.float32
+    return torch.matmul(q.to(dt), k.to(dt).transpose(-2, -1)).mul_(scale)
+
+
+class _SparseAttentionFn(torch.autograd.Function):
+    """out = normaliser(q k^T * scale) v, saving q, k, v and 2 numbers per row instead of the (N x M)
+    probabilities: the backward recomputes them (one extra q k^T, as flash attention does) bit for bit."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale: float, entmax15: bool):
+        s = _logits(q, k, scale)
+        s2 = s.view(-1, s.shape[-1])
+        cpp = _use_cpp(s2)
+        mt = _row_stats(s2, entmax15, cpp)
+        out = torch.matmul(s, v.to(s.dtype))
+        ctx.save_for_backward(q, k, v, mt)
+        ctx.scale, ctx.entmax15, ctx.cpp = scale, entmax15, cpp
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        with torch.autocast(device_type=dout.device.type, enabled=False):  # also when backward() runs under it
+            return _SparseAttentionFn._backward(ctx, dout)
+
+    @staticmethod
+    def _backward(ctx, dout):
+        q, k, v, mt = ctx.saved_tensors
+        y = _logits(q, k, ctx.scale)
+        y2 = y.view(-1, y.shape[-1])
+        _recompute(y2, mt, ctx.entmax15, ctx.cpp)
+        dout = dout.to(y.dtype)
+        dv = torch.matmul(y.transpose(-2, -1), dout)
+        ds = torch.matmul(dout, v.to(y.dtype).transpose(-2, -1)).contiguous()
+        ds2 = ds.view(-1, ds.shape[-1])
+        if ctx.cpp:
+            _cpp_call("entmax15_bwd" if ctx.entmax15 else "sparsemax_bwd", y2, ds2, ds2)
+        else:
+            ds2.copy_(_backward_torch(y2, ds2, ctx.entmax15))
+        del y, y2
+        ds.mul_(ctx.scale)
+        dq = torch.matmul(ds, k.to(ds.dtype))
+        dk = torch.matmul(ds.transpose(-2, -1), q.to(ds.dtype))
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     kind: str = "entmax15") -> torch.Tensor:
+    """``normaliser((q @ k^T) * scale) @ v`` for q (..., N, d), k (..., M, d), v (..., M, dv), with
+    normaliser entmax-1.5 or sparsemax over the keys; memory like fused softmax attention.
+
+    Same values and gradients as the unfused three lines, but the backward keeps only q, k, v and two
+    numbers per query row, not the (N x M) probabilities (which it recomputes exactly). Logits, the
+    normaliser and the products run in fp32 (fp64 stays fp64); the output is in that dtype too.
+    No mask and no attention dropout: use the unfused path for those.
+    """
+    if kind not in ("entmax15", "sparsemax"):
+        raise ValueError(f"sparse_attention kind must be 'entmax15' or 'sparsemax', got '{kind}'")
+    if q.dim() < 2 or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"sparse_attention expects q (..., N, d), k (..., M, d), v (..., M, dv); got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    with torch.autocast(device_type=q.device.type, enabled=False):  # autocast would run the matmuls in bf16
+        return _SparseAttentionFn.apply(q, k, v, float(scale), kind == "entmax15")
 
 
 def _apply(scores: torch.Tensor, dim: int, entmax15: bool) -> torch.Tensor:

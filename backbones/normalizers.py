@@ -23,25 +23,25 @@ def _fp32(fn: Callable[[torch.Tensor], torch.Tensor]) -> Normalizer:
     return wrapped
 
 
-def _fast_or_reference(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Project's fast exact op (backbones/entmax_fast.py) when present, else the sort-based reference."""
-    reference = {"entmax15": entmax_lib.entmax15, "sparsemax": entmax_lib.sparsemax}[name]
-    try:
-        from backbones import entmax_fast
-        fast = getattr(entmax_fast, name)
-    except (ImportError, AttributeError):
-        fast = None
-    return (lambda s: fast(s, dim=-1)) if fast is not None else (lambda s: reference(s, dim=-1))
+def _sparse(name: str) -> Normalizer:
+    """The project's fast exact op (backbones/entmax_fast.py, same values as the sort-based ``entmax``).
+
+    Tagged with ``fused_kind`` so the attention layer can use the memory-lean fused
+    ``sparse_attention`` (no stored N x N probabilities) when it does not need the weights themselves.
+    """
+    from backbones import entmax_fast
+    op = getattr(entmax_fast, name)
+    fn = _fp32(lambda s: op(s, dim=-1))
+    fn.fused_kind = name
+    return fn
 
 
 def build_normalizer(name: str, alpha: float = 1.5, n_iter: int = 50) -> Normalizer | None:
     """``None`` means softmax: the attention layer then uses the fused SDPA kernel."""
     if name == "softmax":
         return None
-    if name == "entmax15":
-        return _fp32(_fast_or_reference("entmax15"))
-    if name == "sparsemax":
-        return _fp32(_fast_or_reference("sparsemax"))
+    if name in ("entmax15", "sparsemax"):
+        return _sparse(name)
     if name == "entmax_bisect":
         return _fp32(lambda s: entmax_lib.entmax_bisect(s, alpha=alpha, dim=-1, n_iter=n_iter))
     raise ValueError(f"unknown attention normaliser '{name}'; valid: {', '.join(NORMALIZERS)}")

@@ -141,14 +141,19 @@ def test_sparse_attention_gradcheck_float64(variant):
     assert torch.autograd.gradcheck(layer, (x,), eps=1e-6, atol=1e-5)
 
 
-def test_softmax_record_path_equals_fused_path():
+@pytest.mark.parametrize("variant", ["softmax", "entmax", "sparsemax"])
+def test_explicit_attention_path_equals_fused_path(variant):
     torch.manual_seed(0)
-    model = backbones.create_vit("vit_test_patch8", "softmax").eval()
-    x = torch.randn(2, 3, 32, 32)
+    model = backbones.create_vit("vit_test_patch8", variant).eval()
+    x = torch.randn(2, 3, 32, 32, requires_grad=True)
     fused = model(x)
+    (g_fused,) = torch.autograd.grad(fused.square().sum(), x)
     for blk in model.blocks:
-        blk.attn.record = True
-    assert torch.allclose(fused, model(x), atol=1e-5)
+        blk.attn.record = True  # forces the explicit (q @ k^T) * scale -> normaliser -> @ v lines
+    explicit = model(x)
+    (g_explicit,) = torch.autograd.grad(explicit.square().sum(), x)
+    assert torch.allclose(fused, explicit, atol=1e-5)
+    assert torch.allclose(g_fused, g_explicit, atol=1e-5)
 
 
 def test_sparse_normaliser_runs_in_fp32_under_autocast():
