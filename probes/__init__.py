@@ -1,0 +1,4 @@
+"""Probes on frozen tokenmix backbones: k-NN, ImageNet linear, linear segmentation, linear depth.
+
+Entry point: ``python -m probes.run --task <task> ...`` (``make probe TASK=...``).
+"""

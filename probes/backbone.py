@@ -1,0 +1,64 @@
+"""Which backbone a probe runs on: a checkpoint (this project's or official DINO), or a baseline
+(``random``: the same architecture, untrained; ``pixels``: raw patch pixels)."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from .baselines import PixelBackbone
+
+BASELINES = ("random", "pixels")
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class BackboneInfo:
+    model: torch.nn.Module
+    source: str                       # "checkpoint" | "random" | "pixels"
+    run_name: str                     # folder under runs/: the variant, <variant>_random or pixels
+    checkpoint: Optional[str] = None
+    sha256: Optional[str] = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        return {"source": self.source, "checkpoint": self.checkpoint, "checkpoint_sha256": self.sha256,
+                "backbone_config": self.config}
+
+
+def resolve_backbone(ckpt: str, variant: str, arch: str, patch_size: int, seed: int = 0,
+                     which: str = "teacher") -> BackboneInfo:
+    """--ckpt '' -> the latest pretraining checkpoint of --variant; a path; 'random'; 'pixels'."""
+    ckpt = (ckpt or "").strip()
+    variant = (variant or "softmax").strip()
+    if ckpt == "pixels":
+        m = PixelBackbone(patch_size)
+        return BackboneInfo(m, "pixels", "pixels", config=dict(m.config))
+    if ckpt == "random":
+        from backbones import create_vit
+        torch.manual_seed(seed)  # the same random init every time for a given seed
+        m = create_vit(arch, variant)
+        return BackboneInfo(m, "random", f"{m.variant}_random", config={**m.config, "seed": seed})
+    if not ckpt:
+        from tokenmix.paths import latest_pretrain_checkpoint
+        path = latest_pretrain_checkpoint(variant)  # FileNotFoundError naming the folder and the fix
+    else:
+        path = Path(ckpt).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint {path} not found. Pass CKPT=<file> (a tokenmix .ckpt or an official "
+                                    f"DINO .pth), CKPT=random / CKPT=pixels for the baselines, or leave CKPT empty "
+                                    f"for the latest `make pretrain VARIANT={variant}` run.")
+    from backbones import backbone_from_checkpoint
+    m = backbone_from_checkpoint(path, which=which)
+    return BackboneInfo(m, "checkpoint", m.variant, checkpoint=str(Path(path).resolve()),
+                        sha256=sha256_file(path), config=dict(m.config))

@@ -1,0 +1,113 @@
+"""Frozen features for the probes, and the cache that computes them only once.
+
+``FrozenFeatures`` turns uint8 images into what a probe head consumes:
+- ``kind="cls"``: the [CLS] outputs of the chosen blocks concatenated (DINO eval_linear: last 4 blocks);
+- ``kind="dense"``: the patch grid (B, C, h, w) of the chosen blocks concatenated along channels, each
+  optionally followed by its [CLS] broadcast over the grid (DINOv2 linear heads).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class FeatureSpec:
+    kind: str = "dense"                       # "cls" | "dense"
+    n_last_blocks: int = 1                    # used when blocks is None
+    blocks: Optional[Sequence[int]] = None    # explicit block indices (layer-wise probing)
+    with_cls: bool = False                    # dense: append [CLS] broadcast to every patch
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "n_last_blocks": self.n_last_blocks,
+                "blocks": list(self.blocks) if self.blocks is not None else None, "with_cls": self.with_cls}
+
+
+def normalize_images(images: torch.Tensor) -> torch.Tensor:
+    """uint8 (B, 3, H, W) -> float, ImageNet mean/std (what DINO backbones were trained on)."""
+    x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
+    mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=x.device).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+class FrozenFeatures(nn.Module):
+    """A backbone that never trains (eval mode, no grad) plus the feature recipe of one probe."""
+
+    def __init__(self, backbone: nn.Module, spec: FeatureSpec):
+        super().__init__()
+        self.backbone, self.spec = backbone, spec
+        for p in self.backbone.parameters():
+            p.requires_grad_(False)
+        self.backbone.eval()
+        depth = int(getattr(backbone, "depth", 1))
+        if spec.blocks is not None:
+            bad = [b for b in spec.blocks if not -depth <= int(b) < depth]
+            if bad and depth > 1:
+                raise ValueError(f"block index {bad} out of range for a {depth}-block backbone (valid 0..{depth - 1})")
+        self.n_blocks = len(spec.blocks) if spec.blocks is not None else spec.n_last_blocks
+        if depth == 1:  # raw pixels: one "block" only
+            self.n_blocks = 1
+        per_block = backbone.embed_dim * (2 if spec.kind == "dense" and spec.with_cls else 1)
+        self.out_dim = per_block * self.n_blocks
+
+    def train(self, mode: bool = True):  # the backbone stays in eval mode (drop-path, BN-free but be safe)
+        super().train(mode)
+        self.backbone.eval()
+        return self
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = normalize_images(images)
+        bb, spec = self.backbone, self.spec
+        if getattr(bb, "depth", 1) == 1:
+            outs = bb.extract(x, n_last_blocks=1)
+        elif spec.blocks is not None:
+            outs = bb.extract(x, blocks=list(spec.blocks))
+        else:
+            outs = bb.extract(x, n_last_blocks=spec.n_last_blocks)
+        if spec.kind == "cls":
+            return torch.cat([o["cls"] for o in outs], dim=-1)
+        h, w = bb.grid_size(x)
+        maps = []
+        for o in outs:
+            patch = o["patch"]
+            B, N, D = patch.shape
+            grid = patch.transpose(1, 2).reshape(B, D, h, w)
+            maps.append(grid)
+            if spec.with_cls:
+                maps.append(o["cls"][:, :, None, None].expand(B, D, h, w))
+        return torch.cat(maps, dim=1).contiguous()
+
+
+class FeatureCache:
+    """Features of a fixed (augmentation-free) dataset, by sample index, filled during the first epoch.
+
+    Stored on CPU; ``dtype=torch.float16`` halves the memory for large datasets."""
+
+    def __init__(self, size: int, dtype: torch.dtype = torch.float32):
+        self.size, self.dtype = int(size), dtype
+        self.feats: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self.feats)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.feats) >= self.size
+
+    def has(self, indices: Sequence[int]) -> bool:
+        return all(int(i) in self.feats for i in indices)
+
+    def put(self, indices: Sequence[int], feats: torch.Tensor) -> None:
+        for i, f in zip(indices, feats.detach().to("cpu", self.dtype)):
+            self.feats[int(i)] = f.clone()
+
+    def get(self, indices: Sequence[int], device=None) -> torch.Tensor:
+        return torch.stack([self.feats[int(i)] for i in indices]).to(device=device, dtype=torch.float32)

@@ -1,0 +1,48 @@
+"""The probe tasks: which dataset, which kind of probe, and the per-dataset evaluation settings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Optional
+
+import torch
+
+
+def depth_eval_settings(dataset: str) -> tuple[float, float, Optional[Callable[[int, int], torch.Tensor]]]:
+    """(min_depth, max_depth, crop(H, W) -> bool mask) from datamodules' one table of depth eval settings
+    (NYUv2 Eigen crop, KITTI Garg crop, SUN RGB-D none)."""
+    from datamodules.transforms.depth import crop_mask, depth_config
+    _, lo, hi, kind = depth_config(dataset)
+    return lo, hi, (None if kind is None else partial(crop_mask, kind))
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    kind: str                      # knn | linear | seg | depth
+    dataset: str                   # dataset name for datamodules.build_dataset with a real --data-root
+    demo_dataset: Optional[str]    # the generated dataset used with --data demo (None: no demo equivalent)
+    num_classes: int = 0
+    img_size: tuple = (224, 224)   # probe input (H, W) for real data
+    demo_img_size: tuple = (56, 56)  # demo data: native size (classification: 64 * 224/256, DINO's centre crop)
+    val_split: str = "val"         # the split evaluated (depth datasets: "test")
+
+
+TASKS: dict[str, TaskSpec] = {t.name: t for t in [
+    TaskSpec("imagenet", "linear", "imagenet", "demo_cls", num_classes=1000),
+    TaskSpec("knn", "knn", "imagenet", "demo_cls", num_classes=1000),
+    TaskSpec("voc", "seg", "voc", "demo_voc", num_classes=21, img_size=(448, 448), demo_img_size=(128, 128)),
+    TaskSpec("ade20k", "seg", "ade20k", None, num_classes=150, img_size=(448, 448)),
+    TaskSpec("cityscapes", "seg", "cityscapes", None, num_classes=19, img_size=(448, 896)),
+    TaskSpec("nyuv2", "depth", "nyuv2", "demo_nyu", img_size=(480, 640),
+             demo_img_size=(120, 160), val_split="test"),
+    TaskSpec("sunrgbd", "depth", "sunrgbd", None, img_size=(480, 640), val_split="test"),
+    TaskSpec("kitti", "depth", "kitti", None, img_size=(352, 1216),
+             val_split="test"),
+]}
+
+
+def get_task(name: str) -> TaskSpec:
+    if name not in TASKS:
+        raise ValueError(f"unknown probe task {name!r}; valid tasks: {', '.join(TASKS)}")
+    return TASKS[name]

@@ -1,0 +1,155 @@
+"""End to end: `python -m probes.run` for every task on tiny generated demo data and the real fixtures."""
+import hashlib
+import json
+
+import pytest
+import torch
+
+from backbones import create_vit
+from datamodules.demo import DemoSpec, ensure_demo_data
+from probes.features import FeatureSpec, FrozenFeatures
+from probes.knn import knn_top1
+from probes.run import main, parse_layers
+
+TINY = ["--arch", "vit_test_patch8", "--max-epochs", "2", "--batch-size", "4"]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    return ensure_demo_data(root, spec=DemoSpec(cls_train=3, cls_val=2, voc_train=4, voc_val=3,
+                                                nyu_train=4, nyu_test=3))
+
+
+@pytest.fixture
+def runs(tmp_path):
+    return tmp_path / "runs"
+
+
+def _run(runs, *argv):
+    path = main(["--runs-dir", str(runs), *argv])
+    return path, json.loads(path.read_text())
+
+
+def _tb_tags(folder):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(folder), size_guidance={"images": 0})
+    acc.Reload()
+    return acc.Tags()
+
+
+def test_knn_demo_matches_independent_computation(demo, runs):
+    path, res = _run(runs, "--task", "knn", "--ckpt", "random", "--data", "demo", "--data-root", str(demo),
+                     "--arch", "vit_test_patch8", "--knn-k", "1,3")
+    assert path.parent.parent.name == "knn" and path.parent.name == "version_0"
+    assert set(res["metrics"]["top1"]) == {"1", "3"}
+    # recompute: same seeded random init, same centre-cropped images, last-block [CLS]
+    from datamodules import build_dataset
+    from probes.data import ProbeDataset
+    torch.manual_seed(0)
+    vit = create_vit("vit_test_patch8", "softmax")
+    f = FrozenFeatures(vit, FeatureSpec(kind="cls"))
+    def feats(split):
+        ds = ProbeDataset(build_dataset("demo_cls", str(demo), split), 56, "cls_val", 8)
+        items = [ds[i] for i in range(len(ds))]
+        return f(torch.stack([it["image"] for it in items])), torch.tensor([it["label"] for it in items])
+    (ftr, ytr), (fva, yva) = feats("train"), feats("val")
+    ref = knn_top1(ftr, ytr, fva, yva, num_classes=8, ks=(1, 3))
+    assert res["metrics"]["top1"]["1"] == pytest.approx(ref[1])
+    assert res["metrics"]["top1"]["3"] == pytest.approx(ref[3])
+
+
+def test_voc_demo_seg_results_images_and_cache(demo, runs):
+    path, res = _run(runs, "--task", "voc", "--ckpt", "random", "--data", "demo", "--data-root", str(demo),
+                     "--img-size", "32", *TINY)
+    m = res["metrics"]
+    assert len(m["per_class_IoU"]) == 9                    # demo VOC: background + 8 shapes
+    assert 0.0 <= m["mIoU"] <= 100.0 and len(m["history"]) == 2
+    assert res["config"]["features"] == {"kind": "dense", "n_last_blocks": 1, "blocks": None, "with_cls": False}
+    tags = _tb_tags(path.parent)
+    assert "pred_mask/val_0" in tags["images"] and "val/mIoU" in tags["scalars"]
+    assert (path.parent / "head_default.pt").is_file()
+
+
+def test_nyu_demo_depth_with_layer_sweep(demo, runs):
+    path, res = _run(runs, "--task", "nyuv2", "--ckpt", "random", "--data", "demo", "--data-root", str(demo),
+                     "--img-size", "24,32", "--layer", "all", *TINY)
+    layers = res["metrics"]["layers"]
+    assert set(layers) == {"block_0", "block_1"}            # vit_test_patch8 has 2 blocks
+    for m in layers.values():
+        assert {"rmse", "abs_rel", "d1", "d2", "d3", "rmse_log", "log10", "silog"} <= set(m)
+        assert m["rmse"] > 0
+    assert "pred_depth/val_0" in _tb_tags(path.parent / "block_1")["images"]
+
+
+def test_imagenet_linear_demo_and_pixels_baseline(demo, runs):
+    _, res = _run(runs, "--task", "imagenet", "--ckpt", "pixels", "--data", "demo", "--data-root", str(demo),
+                  "--max-epochs", "2", "--batch-size", "8")
+    assert res["backbone"]["source"] == "pixels"
+    assert 0.0 <= res["metrics"]["best_top1"] <= 100.0
+    assert res["metrics"]["best_top1"] == max(h["top1"] for h in res["metrics"]["history"])
+
+
+def test_checkpoint_hash_and_reruns_never_mix(demo, runs, tmp_path):
+    ckpts = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        vit = create_vit("vit_test_patch8", "entmax")
+        sd = {f"teacher.backbone.{k}": v for k, v in vit.state_dict().items()}
+        sd.update({f"student.backbone.{k}": v for k, v in vit.state_dict().items()})
+        p = tmp_path / f"seed{seed}.ckpt"
+        torch.save({"state_dict": sd, "tokenmix": {"backbone": vit.config, "variant": "entmax",
+                                                   "arch": "vit_test_patch8"}}, p)
+        ckpts.append(p)
+    common = ["--task", "knn", "--data", "demo", "--data-root", str(demo), "--knn-k", "2"]
+    p1, r1 = _run(runs, "--ckpt", str(ckpts[0]), *common)
+    p2, r2 = _run(runs, "--ckpt", str(ckpts[1]), *common)
+    assert p1.parent != p2.parent and p1.parent.parent == p2.parent.parent   # runs/entmax/probe/knn/version_{0,1}
+    assert p1.parents[3].name == "entmax"
+    assert r1["backbone"]["checkpoint_sha256"] == hashlib.sha256(ckpts[0].read_bytes()).hexdigest()
+    assert r2["backbone"]["checkpoint_sha256"] == hashlib.sha256(ckpts[1].read_bytes()).hexdigest()
+    assert json.loads(p1.read_text()) == r1                                    # the first run is untouched
+
+
+@pytest.mark.parametrize("task,data,train_split", [
+    ("ade20k", "ade20k", "val"), ("cityscapes", "cityscapes", "val"),
+    ("sunrgbd", "sunrgbd", "test"), ("kitti", "kitti", "test")])
+def test_real_fixture_layouts(fixtures_root, runs, task, data, train_split):
+    _, res = _run(runs, "--task", task, "--ckpt", "random", "--data", data,
+                  "--data-root", str(fixtures_root / data), "--train-split", train_split, "--img-size", "32",
+                  "--max-epochs", "1", "--arch", "vit_test_patch8", "--batch-size", "2")
+    m = res["metrics"]
+    assert ("mIoU" in m) if task in ("ade20k", "cityscapes") else (m["rmse"] > 0)
+    assert res["config"]["num_val"] >= 1
+
+
+def test_clear_errors(runs, tmp_path):
+    with pytest.raises(ValueError, match="valid tasks: imagenet, knn, voc"):
+        main(["--task", "segment", "--ckpt", "random"])
+    with pytest.raises(FileNotFoundError, match="needs --data-root"):
+        main(["--task", "voc", "--ckpt", "random", "--data", "voc", "--data-root", ""])
+    with pytest.raises(ValueError, match="no built-in demo data"):
+        main(["--task", "ade20k", "--ckpt", "random", "--data", "demo"])
+    with pytest.raises(FileNotFoundError, match="checkpoint .* not found"):
+        main(["--task", "voc", "--ckpt", str(tmp_path / "nope.ckpt")])
+    with pytest.raises(FileNotFoundError, match="make pretrain VARIANT=sparsemax"):
+        main(["--task", "voc", "--ckpt", "", "--variant", "sparsemax", "--runs-dir", str(runs)])
+    with pytest.raises(ValueError, match="out of range"):
+        parse_layers("7", 2)
+    assert parse_layers("", 4) == [None] and parse_layers("all", 2) == [[0], [1]] and parse_layers("-1", 3) == [[2]]
+
+
+def test_version_dirs_and_config_file(tmp_path):
+    from probes.run import claim_version_dir, parse_args
+    root = tmp_path / "knn"
+    (root / "version_0").mkdir(parents=True)
+    (root / "version_3").mkdir()
+    assert claim_version_dir(root) == "version_4" and claim_version_dir(root) == "version_5"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("batch_size: 7\ntasks:\n  voc:\n    max_epochs: 3\n  knn:\n    max_epochs: 9\n")
+    a = parse_args(["--task", "voc", "--config", str(cfg)])
+    assert (a.batch_size, a.max_epochs) == (7, 3)
+    assert parse_args(["--task", "voc", "--config", str(cfg), "--batch-size", "2"]).batch_size == 2
+    cfg.write_text("batch_sise: 7\n")
+    with pytest.raises(ValueError, match="unknown keys \\['batch_sise'\\]"):
+        parse_args(["--task", "voc", "--config", str(cfg)])
