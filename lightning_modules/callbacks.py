@@ -1,0 +1,248 @@
+"""Watch a DINO run: TensorBoard images / attention + token statistics, the k-NN check, and a summary."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from tokenmix.io import atomic_json_dump
+
+
+def _tb(trainer: pl.Trainer):
+    from lightning.pytorch.loggers import TensorBoardLogger
+    for lg in trainer.loggers:
+        if isinstance(lg, TensorBoardLogger):
+            return lg.experiment
+    return None
+
+
+def _pca_rgb(patch: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    try:
+        from analysis.pca import pca_rgb
+        return pca_rgb(patch, grid)
+    except ImportError:  # analysis/ absent: plain joint PCA, min-max scaled per component
+        B, N, D = patch.shape
+        x = patch.reshape(B * N, D).double()
+        x = x - x.mean(0)
+        _, _, vh = torch.linalg.svd(x, full_matrices=False)
+        y = x @ vh[:3].T
+        y = (y - y.min(0).values) / (y.max(0).values - y.min(0).values).clamp_min(1e-12)
+        return y.float().reshape(B, grid[0], grid[1], 3).permute(0, 3, 1, 2)
+
+
+def _attention_stats(attn: torch.Tensor) -> dict[str, torch.Tensor]:
+    try:
+        from analysis.attention_stats import attention_stats
+        return attention_stats(attn)
+    except ImportError:
+        a = attn.double()
+        return {"zero_share": (a == 0).double().mean(dim=(0, 2, 3)).float(),
+                "entropy": (-torch.special.xlogy(a, a).sum(-1).mean(dim=(0, 2))).float()}
+
+
+def _grid_images(x: torch.Tensor, scale: int) -> torch.Tensor:
+    """(B, C, h, w) in [0, 1] -> nearest-upsampled for visibility."""
+    return torch.nn.functional.interpolate(x, scale_factor=scale, mode="nearest").clamp(0, 1)
+
+
+class PretrainVisuals(pl.Callback):
+    """Every ``every_n_epochs`` (and at the start and end), on a fixed set of validation images through the
+    teacher backbone: PCA maps of the patch features, [CLS] attention maps of the last block (per head),
+    per-layer attention sparsity and entropy, and patch-token norm statistics."""
+
+    def __init__(self, every_n_epochs: int = 1, num_images: int = 8):
+        self.every_n_epochs, self.num_images = max(1, every_n_epochs), num_images
+        self._images: Optional[torch.Tensor] = None
+
+    def _fixed_images(self, trainer: pl.Trainer) -> torch.Tensor:
+        if self._images is None:
+            dm = trainer.datamodule
+            ds = dm.eval_dataset(dm.val_split)
+            n = min(self.num_images, len(ds))
+            idx = torch.linspace(0, len(ds) - 1, n).round().long().tolist()  # spread over the classes
+            self._images = torch.stack([ds[i][0] for i in idx])
+        return self._images
+
+    @torch.no_grad()
+    def log_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        tb = _tb(trainer)
+        if tb is None or trainer.global_rank != 0:
+            return
+        step = trainer.global_step
+        model = pl_module.teacher.backbone
+        x = self._fixed_images(trainer).to(pl_module.device)
+        grid = model.grid_size(x)
+        out = model.extract(x, n_last_blocks=model.depth)
+        patch = out[-1]["patch"].float()
+        tb.add_images("images/pca_patch_features", _grid_images(_pca_rgb(patch.cpu(), grid), model.patch_size),
+                      step)
+        norms = patch.norm(dim=-1)
+        tb.add_scalar("tokens/patch_norm_mean", norms.mean().item(), step)
+        tb.add_scalar("tokens/patch_norm_std", norms.std().item(), step)
+        tb.add_scalar("tokens/patch_norm_max_over_median", (norms.max() / norms.median()).item(), step)
+        for i, o in enumerate(out):
+            tb.add_scalar(f"tokens/patch_norm_mean/block{i}", o["patch"].float().norm(dim=-1).mean().item(), step)
+        attns = model.attention_maps(x)
+        for i, a in enumerate(attns):
+            st = _attention_stats(a.float().cpu())
+            tb.add_scalar(f"attention/zero_share/block{i}", st["zero_share"].mean().item(), step)
+            tb.add_scalar(f"attention/entropy/block{i}", st["entropy"].mean().item(), step)
+        last = attns[-1].float()
+        prefix = last.shape[-1] - grid[0] * grid[1]
+        cls_maps = last[:, :, 0, prefix:].reshape(x.shape[0], -1, grid[0], grid[1])  # (B, heads, h, w)
+        cls_maps = cls_maps / cls_maps.amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
+        heads = cls_maps.shape[1]
+        tiles = cls_maps.permute(1, 0, 2, 3).reshape(heads * x.shape[0], 1, grid[0], grid[1])
+        tb.add_images("images/cls_attention_last_block", _grid_images(tiles, model.patch_size).cpu(), step)
+        mean = torch.tensor(trainer.datamodule.crop_cfg.mean, device=x.device).view(1, 3, 1, 1)
+        std = torch.tensor(trainer.datamodule.crop_cfg.std, device=x.device).view(1, 3, 1, 1)
+        if step == 0 or not getattr(self, "_logged_inputs", False):
+            tb.add_images("images/inputs", (x * std + mean).clamp(0, 1).cpu(), step)
+            self._logged_inputs = True
+        tb.flush()
+
+    def on_train_start(self, trainer, pl_module):
+        self.log_now(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if (trainer.current_epoch + 1) % self.every_n_epochs == 0:
+            self.log_now(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module):
+        if trainer.current_epoch % self.every_n_epochs != 0:
+            self.log_now(trainer, pl_module)
+
+
+@torch.no_grad()
+def backbone_features(model: torch.nn.Module, loader, device) -> tuple[torch.Tensor, torch.Tensor]:
+    feats, labels = [], []
+    for x, y in loader:
+        feats.append(model(x.to(device)).float().cpu())
+        labels.append(torch.as_tensor(y))
+    return torch.cat(feats), torch.cat(labels)
+
+
+class KNNCheck(pl.Callback):
+    """DINO weighted k-NN (k=20, T=0.07) of the teacher [CLS] on the train -> val split, at the exact
+    starting weights (before the first step) and at the end of training; logs ``knn/*`` and the gain.
+    With ``every_n_epochs`` it also logs ``knn/top1`` at those epoch ends (a learning curve in TensorBoard)."""
+
+    def __init__(self, k: int = 20, temperature: float = 0.07, max_train: Optional[int] = None,
+                 every_n_epochs: int = 0):
+        self.k, self.temperature, self.max_train = k, temperature, max_train
+        self.every_n_epochs = every_n_epochs
+        self.random_init_top1: Optional[float] = None
+        self.final_top1: Optional[float] = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"random_init_top1": self.random_init_top1}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.random_init_top1 = state_dict.get("random_init_top1")
+
+    def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> float:
+        from probes.knn import knn_classify
+        dm = trainer.datamodule
+        model = pl_module.teacher.backbone
+        was_training = model.training
+        model.eval()
+        idx = None
+        n_train = len(dm.eval_dataset(dm.train_split))
+        if self.max_train and n_train > self.max_train:  # evenly spread subset, deterministic
+            idx = torch.linspace(0, n_train - 1, self.max_train).round().long().tolist()
+        tr_f, tr_y = backbone_features(model, dm.eval_dataloader(dm.train_split, indices=idx), pl_module.device)
+        va_f, va_y = backbone_features(model, dm.eval_dataloader(dm.val_split), pl_module.device)
+        model.train(was_training)
+        num_classes = int(max(tr_y.max(), va_y.max())) + 1
+        pred = knn_classify(tr_f, tr_y, va_f, num_classes, k=self.k, T=self.temperature)
+        return 100.0 * (pred == va_y).float().mean().item()
+
+    def on_train_start(self, trainer, pl_module):
+        if self.random_init_top1 is None and trainer.global_step == 0:
+            self.random_init_top1 = self.evaluate(trainer, pl_module)
+            rank_zero_info(f"k-NN top-1 at random init (exact starting weights): {self.random_init_top1:.2f}%")
+            for lg in trainer.loggers:
+                lg.log_metrics({"knn/top1_random_init": self.random_init_top1}, step=0)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        last = trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs
+        if self.every_n_epochs and (trainer.current_epoch + 1) % self.every_n_epochs == 0 and not last:
+            top1 = self.evaluate(trainer, pl_module)
+            for lg in trainer.loggers:
+                lg.log_metrics({"knn/top1": top1}, step=trainer.global_step)
+            rank_zero_info(f"k-NN top-1 after epoch {trainer.current_epoch}: {top1:.2f}%")
+
+    def on_train_end(self, trainer, pl_module):
+        self.final_top1 = self.evaluate(trainer, pl_module)
+        metrics = {"knn/top1": self.final_top1}
+        if self.random_init_top1 is not None:
+            metrics["knn/top1_random_init"] = self.random_init_top1
+            metrics["knn/gain"] = self.final_top1 - self.random_init_top1
+        for lg in trainer.loggers:
+            lg.log_metrics(metrics, step=trainer.global_step)
+        rank_zero_info("k-NN top-1: " + ", ".join(f"{k}={v:.2f}" for k, v in metrics.items()))
+
+
+class RunSummary(pl.Callback):
+    """Loss at the start vs the end, the collapse watch verdict and the k-NN numbers -> summary.json in the
+    log folder (and printed). Collapse: per-image teacher entropy near ln K (uniform) or batch-mean entropy
+    near 0 (one prototype for every image)."""
+
+    def __init__(self, window: int = 20, uniform_frac: float = 0.98, one_hot_frac: float = 0.05):
+        self.window, self.uniform_frac, self.one_hot_frac = window, uniform_frac, one_hot_frac
+        self.first: list[float] = []
+        self.last: list[float] = []
+        self.last_stats: dict[str, float] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"first": list(self.first)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.first = list(state_dict.get("first", []))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        loss = pl_module.last_stats.get("train/loss")
+        if loss is None:
+            return
+        if len(self.first) < self.window:
+            self.first.append(loss)
+        self.last = (self.last + [loss])[-self.window:]
+        self.last_stats = dict(pl_module.last_stats)
+
+    def collapse_verdict(self) -> tuple[bool, str]:
+        ent = self.last_stats.get("collapse/teacher_entropy_frac")
+        bent = self.last_stats.get("collapse/batch_mean_entropy_frac")
+        if ent is None or bent is None:
+            return True, "no statistics"
+        if ent > self.uniform_frac:
+            return False, f"uniform collapse: teacher entropy {ent:.3f} x ln K"
+        if bent < self.one_hot_frac:
+            return False, f"one-prototype collapse: batch-mean entropy {bent:.3f} x ln K"
+        return True, f"healthy (teacher entropy {ent:.3f} x ln K, batch-mean entropy {bent:.3f} x ln K)"
+
+    def on_train_end(self, trainer, pl_module):
+        if trainer.global_rank != 0:
+            return
+        healthy, why = self.collapse_verdict()
+        summary: dict[str, Any] = {
+            "variant": pl_module.hparams.variant, "arch": pl_module.hparams.arch, "steps": trainer.global_step,
+            "epochs": trainer.current_epoch,
+            "loss_start": sum(self.first) / len(self.first) if self.first else None,
+            "loss_end": sum(self.last) / len(self.last) if self.last else None,
+            "collapse_healthy": healthy, "collapse": why, **self.last_stats}
+        for cb in trainer.callbacks:
+            if isinstance(cb, KNNCheck):
+                summary.update(knn_top1_random_init=cb.random_init_top1, knn_top1=cb.final_top1,
+                               knn_gain=None if cb.random_init_top1 is None or cb.final_top1 is None
+                               else cb.final_top1 - cb.random_init_top1)
+        if not healthy:
+            rank_zero_warn(f"collapse watch: {why}")
+        log_dir = trainer.log_dir or trainer.default_root_dir
+        atomic_json_dump(summary, Path(log_dir) / "summary.json")
+        fmt = {k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in summary.items()
+               if not k.startswith("collapse/")}
+        rank_zero_info("pretraining summary: " + ", ".join(f"{k}={v}" for k, v in fmt.items()))
+        rank_zero_info(f"summary written to {Path(log_dir) / 'summary.json'}")

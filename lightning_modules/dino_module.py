@@ -1,0 +1,233 @@
+"""DINO (v1) self-distillation as a LightningModule, following facebookresearch/dino main_dino.py.
+
+Per iteration ``it`` (= global_step): lr / weight decay / teacher momentum come from the official per-iteration
+cosine schedules, the teacher temperature from the per-epoch warm-up. The teacher is a deep copy of the student
+(never the same object), gets only the two global crops, has no gradients and is updated by EMA right after
+each optimizer step (inside ``optimizer_step``, so a checkpoint taken after the step already holds it).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import Any, Optional
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+
+from backbones import create_vit, parse_variant
+from lightning_modules.dino_head import DINOHead, MultiCropWrapper
+from lightning_modules.dino_loss import DINOLoss
+from lightning_modules.schedules import (cancel_gradients_last_layer, clip_gradients, cosine_scheduler,
+                                         get_params_groups)
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN/inf; training stopped (as the official ``sys.exit(1)``)."""
+
+
+def _plain(x: Any) -> Any:
+    """Config values as plain python types (checkpoints must load with weights_only=True)."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    return x
+
+
+class DINOPretrainModule(pl.LightningModule):
+    """Student/teacher DINO on a tokenmix ViT. Defaults are the official main_dino.py ViT-S/16 arguments.
+
+    Args (official names where one exists):
+        arch, variant: backbone (``backbones.create_vit``); ``backbone``: extra overrides
+            (drop_path_rate, img_size, ...); ``variant_options``: variant knobs (num_registers, lastvit_k,
+            spec_blocks, alpha, ...), merged with ``backbone``. Drop-path applies to the student only.
+        out_dim, use_bn_in_head, norm_last_layer, head_nlayers, head_hidden_dim, head_bottleneck_dim: DINOHead.
+        warmup_teacher_temp, teacher_temp, warmup_teacher_temp_epochs, student_temp, center_momentum: DINOLoss.
+        lr: base lr for a total batch of 256 (scaled linearly with the real total batch when scale_lr);
+        min_lr, warmup_epochs, weight_decay, weight_decay_end: cosine schedules.
+        momentum_teacher, momentum_teacher_end: EMA cosine (official end value: 1).
+        clip_grad: per-parameter gradient-norm clip (0 = off). freeze_last_layer: epochs with the head's last
+            layer frozen. epochs: schedule length (linked to trainer.max_epochs by the CLI).
+        n_local_crops: local crops per image (linked to the data module).
+    """
+
+    def __init__(self, arch: str = "vit_small_patch16", variant: str = "softmax",
+                 backbone: Optional[dict[str, Any]] = None, variant_options: Optional[dict[str, Any]] = None,
+                 out_dim: int = 65536, use_bn_in_head: bool = False,
+                 norm_last_layer: bool = True, head_nlayers: int = 3, head_hidden_dim: int = 2048,
+                 head_bottleneck_dim: int = 256, warmup_teacher_temp: float = 0.04, teacher_temp: float = 0.04,
+                 warmup_teacher_temp_epochs: int = 0, student_temp: float = 0.1, center_momentum: float = 0.9,
+                 lr: float = 0.0005, scale_lr: bool = True, min_lr: float = 1e-6, warmup_epochs: int = 10,
+                 weight_decay: float = 0.04, weight_decay_end: float = 0.4, momentum_teacher: float = 0.996,
+                 momentum_teacher_end: float = 1.0, clip_grad: float = 3.0, freeze_last_layer: int = 1,
+                 epochs: int = 100, n_local_crops: int = 8):
+        super().__init__()
+        spec = parse_variant(variant)  # clear ValueError listing the valid names
+        if warmup_teacher_temp_epochs > epochs or warmup_epochs >= epochs:
+            raise ValueError(f"model.warmup_epochs={warmup_epochs} and model.warmup_teacher_temp_epochs="
+                             f"{warmup_teacher_temp_epochs} must be shorter than the run (trainer.max_epochs="
+                             f"{epochs}); lower them together with max_epochs")
+        # two dicts so a preset (drop_path_rate, ...) and a variant file (num_registers, ...) never overwrite
+        # each other: a later YAML replaces a whole dict value
+        backbone = _plain({**(backbone or {}), **(variant_options or {})})
+        self.save_hyperparameters({**{k: _plain(v) for k, v in locals().items()
+                                      if k not in ("self", "__class__", "spec", "variant_options")}, "variant": spec.name})
+        student_backbone = create_vit(arch, spec.name, **backbone)
+        head = DINOHead(student_backbone.embed_dim, out_dim, use_bn=use_bn_in_head, norm_last_layer=norm_last_layer,
+                        nlayers=head_nlayers, hidden_dim=head_hidden_dim, bottleneck_dim=head_bottleneck_dim)
+        self.student = MultiCropWrapper(student_backbone, head)
+        # a separate object with the same initial weights (official: teacher.load_state_dict(student.state_dict()))
+        self.teacher = copy.deepcopy(self.student)
+        for p in self.teacher.parameters():
+            p.requires_grad = False
+        self.teacher.eval()
+        self.ncrops = 2 + n_local_crops
+        self.dino_loss = DINOLoss(out_dim, self.ncrops, warmup_teacher_temp, teacher_temp,
+                                  warmup_teacher_temp_epochs, epochs, student_temp, center_momentum)
+        self.lr_schedule = self.wd_schedule = self.momentum_schedule = None
+        self._it = 0
+        self._rng_to_restore: Optional[dict] = None
+        self._last_batch_end: Optional[float] = None
+        self.last_stats: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ structure
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.teacher.eval()  # the official teacher has no drop-path: keep its DropPath layers inactive
+        return self
+
+    @property
+    def backbone(self):
+        """The teacher backbone: what DINO evaluates and exports."""
+        return self.teacher.backbone
+
+    def configure_optimizers(self):
+        # lr / weight decay are overwritten every iteration from the schedules (as main_dino.py)
+        return torch.optim.AdamW(get_params_groups(self.student))
+
+    # ------------------------------------------------------------------ schedules
+    def total_batch_size(self) -> int:
+        dm = self.trainer.datamodule
+        return int(dm.batch_size) * self.trainer.world_size
+
+    def build_schedules(self, niter_per_ep: int) -> None:
+        hp = self.hparams
+        lr = hp.lr * self.total_batch_size() / 256.0 if hp.scale_lr else hp.lr  # linear scaling rule
+        self.lr_schedule = cosine_scheduler(lr, hp.min_lr, hp.epochs, niter_per_ep, warmup_epochs=hp.warmup_epochs)
+        self.wd_schedule = cosine_scheduler(hp.weight_decay, hp.weight_decay_end, hp.epochs, niter_per_ep)
+        self.momentum_schedule = cosine_scheduler(hp.momentum_teacher, hp.momentum_teacher_end, hp.epochs,
+                                                  niter_per_ep)
+
+    def on_train_start(self) -> None:
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs != self.hparams.epochs:
+            raise ValueError(f"model.epochs={self.hparams.epochs} but trainer.max_epochs={self.trainer.max_epochs}; "
+                             "the schedules need the real length (the CLI links them: set trainer.max_epochs).")
+        self.build_schedules(int(self.trainer.num_training_batches))
+
+    def _sched(self, arr, it: int) -> float:
+        return float(arr[min(it, len(arr) - 1)])  # past the schedule (max_steps > epochs*niter): hold the end
+
+    # ------------------------------------------------------------------ training
+    def training_step(self, batch, batch_idx: int):
+        crops, _ = batch
+        if len(crops) != self.ncrops:
+            raise ValueError(f"got {len(crops)} crops per image but DINOLoss expects {self.ncrops} "
+                             "(model.n_local_crops must equal data.n_local_crops; the CLI links them)")
+        it = self._it = self.global_step
+        epoch = self.current_epoch
+        opt = self.optimizers()
+        lr, wd = self._sched(self.lr_schedule, it), self._sched(self.wd_schedule, it)
+        for i, group in enumerate(opt.param_groups):
+            group["lr"] = lr
+            if i == 0:  # only the first group is regularised
+                group["weight_decay"] = wd
+
+        with torch.no_grad():
+            teacher_out = self.teacher(crops[:2])
+        student_out = self.student(crops)
+        temp = self.dino_loss.teacher_temp(epoch)
+        stats = self._collapse_stats(teacher_out, temp)  # before the loss moves the centre
+        loss = self.dino_loss(student_out, teacher_out, epoch)
+        if not torch.isfinite(loss):
+            ckpt = getattr(self.trainer.checkpoint_callback, "last_model_path", "") or "none saved yet"
+            raise NonFiniteLossError(
+                f"loss is {loss.item()} at step {it} (epoch {epoch}); training stopped. Last good checkpoint: "
+                f"{ckpt}. Resume from it (RESUME=<path>) with a lower lr, trainer.precision=32-true or a larger "
+                "warm-up.")
+        m = self._sched(self.momentum_schedule, it)
+        self.last_stats = {"train/loss": loss.detach().item(), **stats}
+        log = dict(on_step=True, on_epoch=False, sync_dist=False)
+        self.log("train/loss", loss.detach(), prog_bar=True, **log)
+        self.log_dict({"train/lr": lr, "train/wd": wd, "train/teacher_momentum": m, "train/teacher_temp": temp,
+                       "train/epoch": float(epoch), **stats}, **log)
+        return loss
+
+    @torch.no_grad()
+    def _collapse_stats(self, teacher_out: torch.Tensor, temp: float) -> dict[str, float]:
+        """Collapse watch: per-image teacher entropy (-> ln K: uniform collapse), entropy of the batch-mean
+        distribution (-> 0: everything on one prototype), and the centre's norm."""
+        K = teacher_out.shape[-1]
+        p = F.softmax((teacher_out.float() - self.dino_loss.center) / temp, dim=-1)
+        ent = -torch.special.xlogy(p, p).sum(-1).mean()
+        mean_p = p.mean(0)
+        batch_ent = -torch.special.xlogy(mean_p, mean_p).sum()
+        return {"collapse/teacher_entropy": ent.item(), "collapse/teacher_entropy_frac": ent.item() / math.log(K),
+                "collapse/batch_mean_entropy_frac": batch_ent.item() / math.log(K),
+                "collapse/center_norm": self.dino_loss.center.norm().item()}
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        # called after AMP un-scaling, right before optimizer.step: clip, then drop frozen-layer gradients
+        if gradient_clip_val:
+            raise ValueError("use model.clip_grad (DINO's per-parameter clipping), not trainer.gradient_clip_val")
+        if self.hparams.clip_grad:
+            clip_gradients(self.student, self.hparams.clip_grad)
+        cancel_gradients_last_layer(self.current_epoch, self.student, self.hparams.freeze_last_layer)
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+        optimizer.step(closure=optimizer_closure)
+        self.ema_update(self._sched(self.momentum_schedule, self._it))
+
+    @torch.no_grad()
+    def ema_update(self, m: float) -> None:
+        for ps, pt in zip(self.student.parameters(), self.teacher.parameters()):
+            pt.mul_(m).add_((1 - m) * ps.detach())
+
+    def on_train_batch_start(self, batch, batch_idx: int):
+        if self._rng_to_restore is not None:  # resumed: continue the RNG streams (drop-path) where they were
+            state, self._rng_to_restore = self._rng_to_restore, None
+            torch.set_rng_state(state["torch"])
+            if torch.cuda.is_available() and state.get("cuda"):
+                torch.cuda.set_rng_state_all(state["cuda"])
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        now = time.perf_counter()
+        if self._last_batch_end is not None:
+            ips = self.total_batch_size() / max(now - self._last_batch_end, 1e-9)
+            self.log("train/throughput_img_s", ips, prog_bar=True, on_step=True, on_epoch=False)
+        self._last_batch_end = now
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        cfg = _plain(dict(self.student.backbone.config))
+        checkpoint["tokenmix"] = {"backbone": cfg, "variant": cfg.get("variant", self.hparams.variant),
+                                  "arch": cfg.get("arch", self.hparams.arch), "kind": "dino_pretrain"}
+        # RNG streams (drop-path draws from the global generator); single-process exact, see docs/pretraining.md
+        checkpoint["tokenmix_rng"] = {"torch": torch.get_rng_state(),
+                                      "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        meta = checkpoint.get("tokenmix")
+        if not isinstance(meta, dict):
+            raise ValueError("not a tokenmix pretraining checkpoint (no 'tokenmix' entry); to start from official "
+                             "DINO weights load them into the backbone with backbones.load_checkpoint instead")
+        mine = self.student.backbone.config
+        for key in ("arch", "variant"):
+            if meta.get(key) != mine.get(key):
+                raise ValueError(f"checkpoint was trained with {key}={meta.get(key)!r} but this run builds "
+                                 f"{key}={mine.get(key)!r}; pass the matching VARIANT / preset")
+        rng = checkpoint.get("tokenmix_rng")
+        self._rng_to_restore = rng if isinstance(rng, dict) and "torch" in rng else None

@@ -1,0 +1,163 @@
+"""``make pretrain``: DINO pretraining through LightningCLI.
+
+    python -m lightning_modules.pretrain --variant entmax --data demo [--data-root R] [--resume 1|PATH]
+        [--preset demo|paper|tiny] [any LightningCLI override, e.g. --trainer.max_epochs=5]
+
+Config = configs/pretrain/<preset>.yaml (preset defaults: ``demo`` for DATA=demo, ``paper`` otherwise), then
+configs/variants/<part>.yaml for each part of the variant name (``entmax+lastvit`` -> entmax.yaml, lastvit.yaml),
+then the command-line overrides. Logs and checkpoints: runs/<variant>/pretrain/<preset>/version_N/.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
+
+from backbones import parse_variant
+from datamodules.errors import DatasetError
+from datamodules.pretraining import DINOPretrainDataModule
+from lightning_modules.checkpoint_io import AtomicCheckpointIO
+from lightning_modules.dino_module import DINOPretrainModule, NonFiniteLossError
+from tokenmix import paths
+from tokenmix.io import CheckpointError
+
+CONFIGS = paths.REPO / "configs"
+PRESETS = ("paper", "demo", "tiny")
+
+
+class PretrainCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # one source of truth for values two objects need
+        parser.link_arguments("trainer.max_epochs", "model.epochs")
+        parser.link_arguments("data.n_local_crops", "model.n_local_crops")
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
+        # always on: atomic validated checkpoints, and our own (resumable, rank-aware) sampler
+        plugins = config.get("plugins") or []
+        plugins = plugins if isinstance(plugins, list) else [plugins]
+        if not any(isinstance(p, AtomicCheckpointIO) for p in plugins):
+            plugins.append(AtomicCheckpointIO())
+        config["plugins"] = plugins
+        config["use_distributed_sampler"] = False
+        cbs = config.get("callbacks") or []
+        cbs = cbs if isinstance(cbs, list) else [cbs]
+        if config.get("enable_progress_bar", True) is not False and not any(
+                isinstance(c, RichProgressBar) for c in cbs):
+            cbs.append(RichProgressBar())
+        config["callbacks"] = cbs
+        return super()._instantiate_trainer(config, callbacks)
+
+
+def _pre_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--variant", default="softmax")
+    p.add_argument("--data", default="demo")
+    p.add_argument("--data-root", default="")
+    p.add_argument("--resume", default="")
+    p.add_argument("--preset", default="")
+    p.add_argument("--runs-dir", default="", help="where runs/ lives (default: tokenmix.paths.RUNS)")
+    p.add_argument("-h", "--help", action="store_true")
+    return p
+
+
+def resolve_resume(resume: str, variant: str, runs: Path) -> Optional[str]:
+    """'' -> None; '1' / 'last' / 'true' -> newest last.ckpt of the variant; otherwise a path."""
+    if not resume or resume.lower() in ("0", "false", "no"):
+        return None
+    if resume.lower() in ("1", "true", "yes", "last"):
+        found = sorted((runs / variant / "pretrain").glob("**/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise CheckpointError(f"RESUME={resume}: no last.ckpt under {runs / variant / 'pretrain'}; run "
+                                  f"`make pretrain VARIANT={variant}` first or pass RESUME=<path to a .ckpt>")
+        return str(found[-1])
+    path = Path(resume)
+    if not path.is_file():
+        raise CheckpointError(f"RESUME={resume}: no such checkpoint file")
+    return str(path)
+
+
+def build_args(variant: str, data: str, data_root: str, preset: str, runs: Path, resume_path: Optional[str],
+               rest: list[str]) -> list[str]:
+    args = [f"--config={CONFIGS / 'pretrain' / f'{preset}.yaml'}"]
+    for part in variant.split("+"):
+        f = CONFIGS / "variants" / f"{part}.yaml"
+        if f.is_file():
+            args.append(f"--config={f}")
+    version = None
+    if resume_path:  # keep logging into the run being resumed
+        ck = Path(resume_path).resolve()
+        if ck.parent.name == "checkpoints" and re.fullmatch(r"version_\d+", ck.parent.parent.name):
+            version = ck.parent.parent.name
+    args += [f"--model.variant={variant}", f"--data.data={data}", f"--data.data_root={data_root}",
+             "--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger",
+             f"--trainer.logger.save_dir={runs / variant / 'pretrain'}", f"--trainer.logger.name={preset}"]
+    if version:
+        args.append(f"--trainer.logger.version={version}")
+    return args + rest
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    known, rest = _pre_parser().parse_known_args(argv)
+    if known.help:
+        print(__doc__)
+        rest = rest + ["--help"]
+    try:
+        variant = parse_variant(known.variant).name
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if known.data != "demo" and not known.data_root:  # fail before building a ViT-S
+        print(f"error: DATA={known.data} needs DATA_ROOT=<folder holding the dataset> (for imagenet: the ImageFolder "
+              "root with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG). Use DATA=demo for the built-in demo data.",
+              file=sys.stderr)
+        return 2
+    preset = known.preset or ("demo" if known.data == "demo" else "paper")
+    if preset not in PRESETS and not Path(preset).is_file():
+        print(f"error: unknown preset '{preset}'; valid: {', '.join(PRESETS)} (configs/pretrain/)", file=sys.stderr)
+        return 2
+    runs = Path(known.runs_dir) if known.runs_dir else paths.RUNS
+    try:
+        resume_path = resolve_resume(known.resume, variant, runs)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    args = build_args(variant, known.data, known.data_root, preset, runs, resume_path, rest)
+    if not torch.cuda.is_available() and not any(a.startswith("--trainer.precision") for a in rest):
+        # mixed precision only where the device supports it (the paper preset asks for 16-mixed): fp32 on CPU
+        args.append("--trainer.precision=32-true")
+    # the frozen EMA teacher is in eval mode on purpose (no drop-path, as the official teacher)
+    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+    saved_argv, sys.argv = sys.argv, sys.argv[:1]  # everything reaches LightningCLI through `args`
+    try:
+        cli = PretrainCLI(DINOPretrainModule, DINOPretrainDataModule, run=False, args=args,
+                          subclass_mode_model=False, subclass_mode_data=False,
+                          save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
+    except SystemExit as e:  # jsonargparse already printed the reason (unknown key, bad value, --help)
+        return int(e.code or 0)
+    except ValueError as e:  # e.g. a dataset layout error raised while building objects
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        sys.argv = saved_argv
+    trainer = cli.trainer
+    if resume_path:
+        rank_zero_info(f"resuming from {resume_path}")
+    try:
+        trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=resume_path)
+    except (NonFiniteLossError, CheckpointError, DatasetError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""`make pretrain` end to end on the tiny preset: every variant, TensorBoard tags, k-NN check, checkpoints
+readable with weights_only, export to the official format, clear errors."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from lightning_modules.pretrain import main
+
+FAST = ["--preset", "tiny", "--trainer.enable_progress_bar=false"]
+
+
+def _ckpt(runs: Path, variant: str) -> Path:
+    found = sorted(runs.glob(f"{variant}/pretrain/**/checkpoints/last.ckpt"))
+    assert found, f"no last.ckpt under {runs}"
+    return found[-1]
+
+
+@pytest.fixture(scope="module")
+def entmax_run(tmp_path_factory):
+    """2 epochs x 3 steps of entmax with the k-NN check added (on 256 train images)."""
+    runs = tmp_path_factory.mktemp("runs")
+    tiny = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/pretrain/tiny.yaml").read_text())
+    cbs = tiny["trainer"]["callbacks"]
+    cbs.insert(-1, {"class_path": "lightning_modules.callbacks.KNNCheck", "init_args": {"max_train": 256}})
+    extra = runs / "knn.yaml"
+    extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs}}))
+    assert main(["--variant", "entmax", "--runs-dir", str(runs), *FAST, f"--config={extra}"]) == 0
+    return runs
+
+
+def test_tensorboard_has_scalar_and_image_tags(entmax_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    logdir = _ckpt(entmax_run, "entmax").parents[1]
+    ea = EventAccumulator(str(logdir), size_guidance={"scalars": 0, "images": 0})
+    ea.Reload()
+    scalars, images = set(ea.Tags()["scalars"]), set(ea.Tags()["images"])
+    for tag in ("train/loss", "train/lr", "train/wd", "train/teacher_momentum", "train/teacher_temp",
+                "collapse/teacher_entropy", "collapse/center_norm", "collapse/batch_mean_entropy_frac",
+                "attention/zero_share/block0", "attention/zero_share/block1", "attention/entropy/block1",
+                "tokens/patch_norm_mean", "tokens/patch_norm_std", "train/throughput_img_s",
+                "knn/top1", "knn/top1_random_init", "knn/gain"):
+        assert tag in scalars, (tag, sorted(scalars))
+    for tag in ("images/pca_patch_features", "images/cls_attention_last_block", "images/inputs"):
+        assert tag in images, (tag, sorted(images))
+    # (entmax zeros are rare in a 2-block width-32 net at init, so no value check on zero_share here)
+    assert 0 <= ea.Scalars("attention/zero_share/block1")[-1].value < 1
+    temps = [e.value for e in ea.Scalars("train/teacher_temp")]
+    assert temps[0] == pytest.approx(0.04) and temps[-1] == pytest.approx(0.07)  # 1 warm-up epoch -> 0.07
+    assert len(ea.Scalars("train/loss")) == 6
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["knn_top1"] is not None and summary["collapse_healthy"] in (True, False)
+    assert summary["knn_gain"] == pytest.approx(summary["knn_top1"] - summary["knn_top1_random_init"])
+
+
+def _plain_types(x, where="hparams"):
+    if isinstance(x, dict):
+        for k, v in x.items():
+            assert isinstance(k, str), where
+            _plain_types(v, f"{where}.{k}")
+    elif isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            _plain_types(v, f"{where}[{i}]")
+    else:
+        assert x is None or isinstance(x, (str, int, float, bool)), f"{where}: {type(x)}"
+
+
+def test_checkpoint_convention_and_weights_only(entmax_run):
+    ck = torch.load(_ckpt(entmax_run, "entmax"), map_location="cpu", weights_only=True)  # the whole file
+    assert ck["tokenmix"]["variant"] == "entmax" and ck["tokenmix"]["arch"] == "vit_test_patch8"
+    assert ck["tokenmix"]["backbone"]["variant"] == "entmax"
+    _plain_types(ck["tokenmix"])
+    _plain_types(ck["hyper_parameters"])
+    _plain_types(ck["datamodule_hyper_parameters"])
+    prefixes = {k.split(".")[0] + "." + k.split(".")[1] for k in ck["state_dict"] if k.count(".") > 1}
+    assert {"student.backbone", "student.head", "teacher.backbone", "teacher.head"} <= prefixes
+    assert "student.head.last_layer.weight_g" in ck["state_dict"]  # official head key names
+
+
+def test_export_writes_official_backbone_format(entmax_run, tmp_path):
+    from backbones import backbone_from_checkpoint, create_vit, load_checkpoint
+    from lightning_modules.export import main as export_main
+    src = _ckpt(entmax_run, "entmax")
+    out = tmp_path / "backbone.pth"
+    assert export_main(["--ckpt", str(src), "--variant", "entmax", "--out", str(out)]) == 0
+    sd = torch.load(out, weights_only=True)
+    assert {"cls_token", "pos_embed", "patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "norm.weight"} <= set(sd)
+    assert not any(k.startswith(("student", "teacher", "backbone", "module")) for k in sd)
+    teacher = torch.load(src, weights_only=True)["state_dict"]
+    for k, v in sd.items():
+        assert torch.equal(v, teacher["teacher.backbone." + k])
+    model = create_vit("vit_test_patch8", "entmax")
+    assert load_checkpoint(model, out) == {"missing": [], "unexpected": []}
+    assert json.loads(out.with_suffix(".pth.json").read_text())["variant"] == "entmax"
+    rebuilt = backbone_from_checkpoint(src)  # the Lightning checkpoint itself, teacher by default
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.allclose(rebuilt.eval()(x), model.eval()(x))
+
+
+@pytest.mark.parametrize("variant", ["softmax", "registers", "specialization", "lastvit", "entmax+lastvit"])
+def test_every_variant_pretrains(variant, tmp_path):
+    args = ["--variant", variant, "--runs-dir", str(tmp_path), *FAST, "--trainer.max_epochs=1",
+            "--data.batches_per_epoch=2", "--model.warmup_epochs=0", "--model.warmup_teacher_temp_epochs=0",
+            ]
+    assert main(args) == 0
+    ck = torch.load(_ckpt(tmp_path, variant), weights_only=True)
+    assert ck["global_step"] == 2 and ck["tokenmix"]["variant"] == variant
+    if variant == "registers":
+        assert ck["state_dict"]["student.backbone.reg_token"].shape[1] == 4
+
+
+def test_unknown_variant_and_key_are_clear_errors(tmp_path, capsys):
+    assert main(["--variant", "bogus", "--runs-dir", str(tmp_path), *FAST]) == 2
+    err = capsys.readouterr().err
+    assert "unknown variant 'bogus'" in err and "entmax" in err
+    assert main(["--variant", "softmax", "--runs-dir", str(tmp_path), *FAST, "--model.not_a_key=1"]) != 0
+    assert "not_a_key" in capsys.readouterr().err
+    assert main(["--variant", "softmax", "--runs-dir", str(tmp_path), "--resume", "1", *FAST]) == 2
+    assert "no last.ckpt" in capsys.readouterr().err
+
+
+def test_real_dataset_without_root_names_the_layout(tmp_path, capsys):
+    assert main(["--variant", "softmax", "--data", "imagenet", "--runs-dir", str(tmp_path), *FAST]) != 0
+    err = capsys.readouterr().err
+    assert "DATA_ROOT" in err
+
+
+def test_non_finite_loss_stops_naming_step_and_checkpoint(tmp_path, capsys, monkeypatch):
+    from lightning_modules.dino_loss import DINOLoss
+    calls = {"n": 0}
+    orig = DINOLoss.forward
+
+    def poisoned(self, student_output, teacher_output, epoch):
+        calls["n"] += 1
+        loss = orig(self, student_output, teacher_output, epoch)
+        return loss * float("nan") if calls["n"] == 4 else loss  # step index 3
+
+    monkeypatch.setattr(DINOLoss, "forward", poisoned)
+    assert main(["--variant", "softmax", "--runs-dir", str(tmp_path), *FAST]) == 1
+    err = capsys.readouterr().err
+    assert "loss is nan at step 3" in err and "last.ckpt" in err

@@ -1,0 +1,153 @@
+"""Bitwise resume after a real SIGKILL, atomic checkpoint writes, refusal of bad checkpoints."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_modules.checkpoint_io import AtomicCheckpointIO
+from tokenmix.io import CheckpointError
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Runs the tiny preset; when PAUSE_AT_STEP is set, stops inside that training step and waits to be killed.
+DRIVER = r"""
+import os, sys, time
+from lightning_modules import dino_module
+pause = int(os.environ.get("PAUSE_AT_STEP", "-1"))
+orig = dino_module.DINOPretrainModule.training_step
+def step(self, batch, batch_idx):
+    if self.global_step == pause:
+        print("PAUSED", flush=True)
+        time.sleep(600)
+    return orig(self, batch, batch_idx)
+dino_module.DINOPretrainModule.training_step = step
+from lightning_modules.pretrain import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _run(runs: Path, extra: list[str], pause: int | None = None) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO), PAUSE_AT_STEP=str(pause if pause is not None else -1))
+    cmd = [sys.executable, "-c", DRIVER, "--variant", "softmax", "--preset", "tiny", "--runs-dir", str(runs),
+           "--trainer.enable_progress_bar=false", *extra]
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(p: subprocess.Popen) -> str:
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out[-3000:]
+    return out
+
+
+def _last(runs: Path) -> Path:
+    found = sorted(runs.glob("softmax/pretrain/**/checkpoints/last.ckpt"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _assert_same(a, b, where="ckpt"):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), f"{where} differs (max abs diff {(a.double() - b.double()).abs().max()})"
+    elif isinstance(a, dict):
+        assert set(a) == set(b), f"{where}: keys differ {set(a) ^ set(b)}"
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+@pytest.mark.slow
+def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(tmp_path):
+    # tiny preset: 3 batches per epoch, 2 epochs, a checkpoint every 2 steps, drop-path on (global RNG stream)
+    straight = _run(tmp_path / "a", [])
+    killed = _run(tmp_path / "b", [], pause=5)  # step 5 = last batch of epoch 1; last.ckpt is from step 4
+    try:
+        line = ""
+        deadline = time.time() + 240
+        while "PAUSED" not in line:
+            line = killed.stdout.readline()
+            assert line or killed.poll() is None, "driver ended before reaching the pause"
+            assert time.time() < deadline
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=60)
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+    assert killed.returncode == -signal.SIGKILL
+    ck_b = _last(tmp_path / "b")
+    assert torch.load(ck_b, weights_only=True)["global_step"] == 4  # the kill landed mid-epoch
+    resumed = _finish(_run(tmp_path / "b", ["--resume", "1"]))
+    assert "resuming from" in resumed
+    _finish(straight)
+
+    a = torch.load(_last(tmp_path / "a"), weights_only=True)
+    b = torch.load(_last(tmp_path / "b"), weights_only=True)
+    assert a["global_step"] == b["global_step"] == 6
+    # weights (student, EMA teacher, DINO centre), optimizer state, RNG streams, loop counters
+    for key in ("state_dict", "optimizer_states", "tokenmix_rng", "tokenmix", "epoch", "global_step"):
+        _assert_same(a[key], b[key], key)
+    assert "dino_loss.center" in a["state_dict"] and a["state_dict"]["dino_loss.center"].abs().sum() > 0
+    _assert_same(a["loops"]["fit_loop"]["epoch_progress"], b["loops"]["fit_loop"]["epoch_progress"], "epochs")
+    # the teacher really moved by EMA and differs from the student
+    sd = a["state_dict"]
+    assert not torch.equal(sd["teacher.backbone.blocks.0.attn.qkv.weight"], sd["student.backbone.blocks.0.attn.qkv.weight"])
+
+
+def _minimal_ckpt(step: int) -> dict:
+    t = torch.full((2,), float(step))
+    return {"state_dict": {f"{p}w": t for p in ("student.backbone.", "student.head.", "teacher.backbone.",
+                                                 "teacher.head.")},
+            "tokenmix": {"backbone": {"arch": "vit_test_patch8", "variant": "softmax"}}, "global_step": step}
+
+
+def test_crash_during_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint(_minimal_ckpt(1), path)
+    before = path.read_bytes()
+
+    real_save = torch.save
+
+    def dying_save(obj, f, *a, **kw):  # write half a checkpoint, then "crash"
+        real_save(obj, f, *a, **kw)
+        f.seek(0)
+        f.truncate(100)
+        raise KeyboardInterrupt("simulated crash during save")
+
+    monkeypatch.setattr(torch, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint(_minimal_ckpt(2), path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary left behind
+    assert io.load_checkpoint(path)["global_step"] == 1
+
+
+def test_truncated_and_foreign_checkpoints_are_refused(tmp_path):
+    io = AtomicCheckpointIO()
+    good = tmp_path / "good.ckpt"
+    io.save_checkpoint(_minimal_ckpt(3), good)
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(good.read_bytes()[:200])
+    with pytest.raises(CheckpointError, match="truncated or foreign"):
+        io.load_checkpoint(truncated)
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": {"layer.weight": torch.zeros(2)}, "epoch": 0}, foreign)
+    with pytest.raises(CheckpointError, match="foreign Lightning checkpoint"):
+        io.load_checkpoint(foreign)
+    official = tmp_path / "dino_deitsmall16_pretrain.pth"
+    torch.save({"cls_token": torch.zeros(1, 1, 4)}, official)
+    with pytest.raises(CheckpointError, match="not a Lightning checkpoint"):
+        io.load_checkpoint(official)
