@@ -39,6 +39,8 @@ from PIL import Image
 from tokenmix import paths
 from tokenmix.io import atomic_json_dump
 
+from .voc import voc_palette
+
 DEMO_VERSION = 1
 MARKER = ".demo_complete.json"
 _SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).digest()
@@ -88,19 +90,6 @@ class DemoSpec:
 DEFAULT_SPEC = DemoSpec()
 
 
-def voc_palette() -> list[int]:
-    """The standard PASCAL VOC colour map (256 entries, bit-interleaved label index)."""
-    pal = []
-    for i in range(256):
-        r = g = b = 0
-        c = i
-        for j in range(8):
-            r |= ((c >> 0) & 1) << (7 - j)
-            g |= ((c >> 1) & 1) << (7 - j)
-            b |= ((c >> 2) & 1) << (7 - j)
-            c >>= 3
-        pal += [r, g, b]
-    return pal
 
 
 # --------------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from .voc import voc_palette
+
 H, W = 32, 40
 
 
@@ -27,19 +29,6 @@ def _save(arr: np.ndarray, path: Path, **kw) -> Path:
     return path
 
 
-def voc_palette() -> list[int]:
-    """The PASCAL VOC colour map (bit-interleaved label bits, as in the devkit's VOClabelcolormap.m)."""
-    pal = []
-    for i in range(256):
-        r = g = b = 0
-        c = i
-        for j in range(8):
-            r |= ((c >> 0) & 1) << (7 - j)
-            g |= ((c >> 1) & 1) << (7 - j)
-            b |= ((c >> 2) & 1) << (7 - j)
-            c >>= 3
-        pal += [r, g, b]
-    return pal
 
 
 def write_imagenet(root: Path, wnids=("n01440764", "n01443537"), per_class=(3, 2), seed=0) -> dict:
