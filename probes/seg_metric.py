@@ -32,7 +32,15 @@ class SegmentationMetrics(MulticlassConfusionMatrix):
         if bad.any():
             raise ValueError(f"label values {target[bad].unique()[:10].tolist()} outside [0, {self.num_classes}) "
                              f"and not the ignore index {self.ignore_index}")
-        super().update(preds, target)
+        if preds.device.type != "cpu":
+            super().update(preds, target)
+            return
+        # CPU bincount is deterministic; torchmetrics' deterministic-mode fallback (enabled globally by a
+        # deterministic Trainer earlier in the process) would build a (pixels x C^2) matrix instead
+        valid = target != self.ignore_index
+        idx = target[valid].long() * self.num_classes + preds[valid].long()
+        self.confmat += torch.bincount(idx, minlength=self.num_classes ** 2).reshape(
+            self.num_classes, self.num_classes).to(self.confmat.dtype)
 
     def compute(self) -> dict[str, torch.Tensor]:
         cm = self.confmat.double()  # rows: ground truth, columns: prediction

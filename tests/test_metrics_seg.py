@@ -94,3 +94,22 @@ def test_bad_labels_raise():
         m.update(torch.zeros(1, 2, 2, dtype=torch.long), torch.full((1, 2, 2), 5))
     with pytest.raises(ValueError, match="upsample"):
         m.update(torch.zeros(1, 2, 2, dtype=torch.long), torch.zeros(1, 4, 4, dtype=torch.long))
+
+
+def test_confusion_matrix_unaffected_by_global_deterministic_mode():
+    # a deterministic Trainer earlier in the process must not change the result (nor blow up memory:
+    # torchmetrics' deterministic fallback builds a pixels x C^2 matrix)
+    import torch
+    from torchmetrics.classification import MulticlassConfusionMatrix
+
+    from probes.seg_metric import SegmentationMetrics
+    g = torch.Generator().manual_seed(0)
+    preds = torch.randint(0, 150, (1, 512, 683), generator=g)
+    target = torch.randint(0, 150, (1, 512, 683), generator=g)
+    target[0, :10] = 255
+    ref = MulticlassConfusionMatrix(150, ignore_index=255)
+    ref.update(preds, target)
+    torch.use_deterministic_algorithms(True)
+    ours = SegmentationMetrics(150)
+    ours.update(preds, target)
+    assert torch.equal(ours.confmat, ref.confmat)
