@@ -86,7 +86,8 @@ def resolve_resume(resume: str, variant: str, runs: Path) -> Optional[str]:
 
 def build_args(variant: str, data: str, data_root: str, preset: str, runs: Path, resume_path: Optional[str],
                rest: list[str]) -> list[str]:
-    args = [f"--config={CONFIGS / 'pretrain' / f'{preset}.yaml'}"]
+    preset_file = Path(preset) if preset not in PRESETS else CONFIGS / "pretrain" / f"{preset}.yaml"
+    args = [f"--config={preset_file}"]
     for part in variant.split("+"):
         f = CONFIGS / "variants" / f"{part}.yaml"
         if f.is_file():
@@ -98,7 +99,7 @@ def build_args(variant: str, data: str, data_root: str, preset: str, runs: Path,
             version = ck.parent.parent.name
     args += [f"--model.variant={variant}", f"--data.data={data}", f"--data.data_root={data_root}",
              "--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger",
-             f"--trainer.logger.save_dir={runs / variant / 'pretrain'}", f"--trainer.logger.name={preset}"]
+             f"--trainer.logger.save_dir={runs / variant / 'pretrain'}", f"--trainer.logger.name={preset_file.stem}"]
     if version:
         args.append(f"--trainer.logger.version={version}")
     return args + rest

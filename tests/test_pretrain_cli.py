@@ -143,3 +143,16 @@ def test_non_finite_loss_stops_naming_step_and_checkpoint(tmp_path, capsys, monk
     assert main(["--variant", "softmax", "--runs-dir", str(tmp_path), *FAST]) == 1
     err = capsys.readouterr().err
     assert "loss is nan at step 3" in err and "last.ckpt" in err
+
+
+def test_preset_may_be_a_yaml_path(tmp_path):
+    import shutil
+
+    from tokenmix.paths import REPO
+    own = tmp_path / "my_preset.yaml"
+    shutil.copy(REPO / "configs" / "pretrain" / "tiny.yaml", own)
+    args = ["--variant", "softmax", "--runs-dir", str(tmp_path / "runs"), "--preset", str(own),
+            "--trainer.enable_progress_bar=false", "--trainer.max_epochs=1", "--data.batches_per_epoch=1",
+            "--model.warmup_epochs=0", "--model.warmup_teacher_temp_epochs=0"]
+    assert main(args) == 0
+    assert list((tmp_path / "runs" / "softmax" / "pretrain" / "my_preset").glob("version_0/checkpoints/last.ckpt"))
