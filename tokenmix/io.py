@@ -21,6 +21,12 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used: truncated, foreign, needs pickle, or mismatched."""
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
     path = Path(path)
@@ -31,6 +37,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
             yield f
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
         os.replace(tmp, path)
         # fsync the folder so the rename itself survives a power cut
         dfd = os.open(path.parent, os.O_RDONLY)
