@@ -2,16 +2,21 @@
 
 Subclasses timm's ``Attention`` so parameter names (``qkv``, ``proj``) and init stay timm/DINO's.
 Two additions:
-- ``normalizer``: ``None`` = softmax through the fused ``scaled_dot_product_attention``; entmax-1.5 and
+- ``normalizer`` (a constructor argument: its name, with ``alpha``/``bisect_iters`` for ``entmax_bisect`` and
+  ``entmax_backend`` for the fast kernels): softmax through the fused ``scaled_dot_product_attention``; entmax-1.5 and
   sparsemax through the fused, memory-lean ``entmax_fast.sparse_attention`` (same values); otherwise
   (and whenever the weights are recorded, masked or dropped out) the explicit DINO lines
   ``attn = (q @ k^T) * scale; attn = normalizer(attn); x = attn @ v``.
 - ``qkv_cls``: an optional separate q/k/v projection for the [CLS] token (CLS/patch specialization);
   [CLS] and patches still attend jointly.
 Set ``record = True`` to keep the last attention probabilities in ``last_attn`` (analysis, TensorBoard).
+
+timm builds the layer from ``attn_layer``; :func:`attention_layer` binds the constructor arguments:
+``VisionTransformer(..., attn_layer=attention_layer(normalizer="entmax15"))``.
 """
 from __future__ import annotations
 
+from functools import lru_cache, partialmethod
 from typing import Optional
 
 import torch
@@ -19,14 +24,17 @@ import torch.nn.functional as F
 from torch import nn
 from timm.models.vision_transformer import Attention
 
-from .entmax_fast import sparse_attention
-from .normalizers import Normalizer
+from .entmax_fast import DEFAULT_BACKEND, sparse_attention
+from .normalizers import Normalizer, build_normalizer
 
 
 class TokenMixAttention(Attention):
-    def __init__(self, dim: int, num_heads: int = 8, **kwargs) -> None:
+    def __init__(self, dim: int, num_heads: int = 8, *, normalizer: str = "softmax", alpha: float = 1.5,
+                 bisect_iters: int = 50, entmax_backend: str = DEFAULT_BACKEND, **kwargs) -> None:
         super().__init__(dim, num_heads=num_heads, **kwargs)
-        self.normalizer: Optional[Normalizer] = None
+        self.normalizer: Optional[Normalizer] = build_normalizer(normalizer, alpha=alpha, n_iter=bisect_iters,
+                                                                 backend=entmax_backend)
+        self.entmax_backend = entmax_backend
         self.qkv_cls: Optional[nn.Linear] = None
         self.record = False
         self.last_attn: Optional[torch.Tensor] = None
@@ -48,7 +56,7 @@ class TokenMixAttention(Attention):
                 q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                 dropout_p=self.attn_drop.p if self.training else 0.0)
         elif fused_kind is not None and plain:
-            x = sparse_attention(q, k, v, self.scale, fused_kind).to(v.dtype)
+            x = sparse_attention(q, k, v, self.scale, fused_kind, backend=self.entmax_backend).to(v.dtype)
         else:
             attn = (q * self.scale) @ k.transpose(-2, -1)
             if attn_mask is not None:
@@ -60,3 +68,28 @@ class TokenMixAttention(Attention):
         x = x.transpose(1, 2).reshape(B, N, self.attn_dim)
         x = self.proj_drop(self.proj(self.norm(x)))
         return x
+
+
+def _rebuild(bound: tuple) -> "TokenMixAttention":
+    return TokenMixAttention.__new__(attention_layer(**dict(bound)))
+
+
+@lru_cache(maxsize=None)
+def _bound_class(bound: tuple) -> type:
+    def __reduce_ex__(self, protocol):  # pickle by its arguments: the class itself is made here, not importable
+        return _rebuild, (bound,), self.__dict__
+
+    return type("TokenMixAttention", (TokenMixAttention,),
+                {"__init__": partialmethod(TokenMixAttention.__init__, **dict(bound)), "__reduce_ex__": __reduce_ex__,
+                 "__module__": __name__, "__doc__": f"TokenMixAttention with {dict(bound)}"})
+
+
+def attention_layer(**kwargs) -> type:
+    """``functools.partial(TokenMixAttention, **kwargs)`` in the form timm's ``attn_layer`` accepts: timm 1.0
+    calls ``issubclass(attn_layer, ...)``, so it must be a class. One class per argument set; picklable.
+
+    >>> layer = attention_layer(normalizer="entmax15")(64, num_heads=2)
+    >>> layer.normalizer.fused_kind
+    'entmax15'
+    """
+    return _bound_class(tuple(sorted((k, str(v) if isinstance(v, str) else v) for k, v in kwargs.items())))

@@ -7,7 +7,8 @@ when it is consistent with it (every member above tau, every non-member at or be
 Rows that do not settle fall back to the sort-based formula. The backward saves only the output Y.
 :func:`sparse_attention` goes further for attention: it saves q, k, v and 2 numbers per row, not Y.
 
-Backends (``TOKENMIX_ENTMAX_BACKEND`` or :func:`use_backend`):
+Backends, the ``backend`` argument of every op (default :data:`DEFAULT_BACKEND`; a ViT takes it as
+``create_vit(..., entmax_backend=...)`` and passes it to each attention layer):
 - ``cpp``: backbones/csrc/entmax_fast.cpp, SIMD loops per row, rows split over torch's OpenMP threads;
   compiled at first use with ``-O3 -march=native`` for the CPU it runs on and cached under
   ``~/.cache/tokenmix`` (key: source, flags, compiler and CPU features). CPU, float32/float64.
@@ -17,7 +18,6 @@ Inputs in fp16/bf16 are computed in fp32; the result is fp32 (fp64 stays fp64).
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import os
@@ -28,36 +28,24 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
-__all__ = ["entmax15", "sparsemax", "sparse_attention", "use_backend", "cpp_available", "cpp_build_error", "BACKENDS"]
+__all__ = ["entmax15", "sparsemax", "sparse_attention", "cpp_available", "cpp_build_error", "BACKENDS",
+           "DEFAULT_BACKEND"]
 
 BACKENDS = ("auto", "cpp", "torch")
+DEFAULT_BACKEND = "auto"
 _SRC = Path(__file__).resolve().with_name("csrc") / "entmax_fast.cpp"
 # no errno and no FP traps: lets sqrt and the masked reductions vectorise (IEEE results unchanged)
 _CXXFLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 _MAX_SWEEPS = 64
-_backend = os.environ.get("TOKENMIX_ENTMAX_BACKEND", "auto") or "auto"
 
 
 def _check_backend(name: str) -> str:
     if name not in BACKENDS:
-        raise ValueError(f"unknown entmax backend '{name}'; valid: {', '.join(BACKENDS)} "
-                         "(set TOKENMIX_ENTMAX_BACKEND or use backbones.entmax_fast.use_backend)")
+        raise ValueError(f"unknown entmax backend '{name}'; valid: {', '.join(BACKENDS)}")
     return name
-
-
-@contextlib.contextmanager
-def use_backend(name: str) -> Iterator[None]:
-    """Force a backend inside a ``with`` block (tests, benchmarks)."""
-    global _backend
-    old, _backend = _backend, _check_backend(name)
-    try:
-        yield
-    finally:
-        _backend = old
 
 
 # ----------------------------------------------------------------------------------------------- C++ build
@@ -144,12 +132,12 @@ def cpp_build_error() -> str | None:
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 
 
-def _use_cpp(x: torch.Tensor) -> bool:
+def _use_cpp(x: torch.Tensor, backend: str) -> bool:
     global _warned
-    if _backend == "torch":
+    if _check_backend(backend) == "torch":
         return False
     eligible = x.device.type == "cpu" and x.dtype in _SUFFIX
-    if _backend == "cpp":
+    if backend == "cpp":
         if not eligible:
             raise RuntimeError(f"entmax backend 'cpp' needs a CPU float32/float64 tensor, got {x.device} {x.dtype}")
         if _load() is None:
@@ -317,10 +305,10 @@ class _SparseAttentionFn(torch.autograd.Function):
     probabilities: the backward recomputes them (one extra q k^T, as flash attention does) bit for bit."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale: float, entmax15: bool):
+    def forward(ctx, q, k, v, scale: float, entmax15: bool, backend: str):
         s = _logits(q, k, scale)
         s2 = s.view(-1, s.shape[-1])
-        cpp = _use_cpp(s2)
+        cpp = _use_cpp(s2, backend)
         mt = _row_stats(s2, entmax15, cpp)
         out = torch.matmul(s, v.to(s.dtype))
         ctx.save_for_backward(q, k, v, mt)
@@ -350,11 +338,11 @@ class _SparseAttentionFn(torch.autograd.Function):
         ds.mul_(ctx.scale)
         dq = torch.matmul(ds, k.to(ds.dtype))
         dk = torch.matmul(ds.transpose(-2, -1), q.to(ds.dtype))
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                     kind: str = "entmax15") -> torch.Tensor:
+                     kind: str = "entmax15", backend: str = DEFAULT_BACKEND) -> torch.Tensor:
     """``normaliser((q @ k^T) * scale) @ v`` for q (..., N, d), k (..., M, d), v (..., M, dv), with
     normaliser entmax-1.5 or sparsemax over the keys; memory like fused softmax attention.
 
@@ -369,10 +357,10 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         raise ValueError(f"sparse_attention expects q (..., N, d), k (..., M, d), v (..., M, dv); got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     with torch.autocast(device_type=q.device.type, enabled=False):  # autocast would run the matmuls in bf16
-        return _SparseAttentionFn.apply(q, k, v, float(scale), kind == "entmax15")
+        return _SparseAttentionFn.apply(q, k, v, float(scale), kind == "entmax15", backend)
 
 
-def _apply(scores: torch.Tensor, dim: int, entmax15: bool) -> torch.Tensor:
+def _apply(scores: torch.Tensor, dim: int, entmax15: bool, backend: str) -> torch.Tensor:
     if not torch.is_floating_point(scores):
         raise TypeError(f"{'entmax15' if entmax15 else 'sparsemax'} expects floating-point scores, got {scores.dtype}")
     if scores.dim() == 0:
@@ -386,19 +374,19 @@ def _apply(scores: torch.Tensor, dim: int, entmax15: bool) -> torch.Tensor:
     if x2.numel() == 0:
         y = x2.clone()
     else:
-        y = _SparseNormFn.apply(x2, entmax15, _use_cpp(x2))
+        y = _SparseNormFn.apply(x2, entmax15, _use_cpp(x2, backend))
     y = y.view(shape)
     return y if last else y.movedim(-1, dim)
 
 
-def entmax15(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
+def entmax15(scores: torch.Tensor, dim: int = -1, backend: str = DEFAULT_BACKEND) -> torch.Tensor:
     """Exact entmax-1.5 along ``dim`` (= ``entmax.entmax15``): Y = clamp(X/2 - tau, 0)^2, rows sum to 1.
 
     Masked entries may be -inf (they get exactly 0); a row with no finite entry gives NaN, like softmax.
     """
-    return _apply(scores, dim, True)
+    return _apply(scores, dim, True, backend)
 
 
-def sparsemax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
+def sparsemax(scores: torch.Tensor, dim: int = -1, backend: str = DEFAULT_BACKEND) -> torch.Tensor:
     """Exact sparsemax along ``dim`` (= ``entmax.sparsemax``): Y = clamp(X - tau, 0), rows sum to 1."""
-    return _apply(scores, dim, False)
+    return _apply(scores, dim, False, backend)

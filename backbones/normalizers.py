@@ -11,6 +11,9 @@ from typing import Callable
 import torch
 import entmax as entmax_lib
 
+from .entmax_fast import BACKENDS, DEFAULT_BACKEND
+from .variants import Normalizer as NormalizerName
+
 Normalizer = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -23,7 +26,7 @@ def _fp32(fn: Callable[[torch.Tensor], torch.Tensor]) -> Normalizer:
     return wrapped
 
 
-def _sparse(name: str) -> Normalizer:
+def _sparse(name: str, backend: str) -> Normalizer:
     """The project's fast exact op (backbones/entmax_fast.py, same values as the sort-based ``entmax``).
 
     Tagged with ``fused_kind`` so the attention layer can use the memory-lean fused
@@ -31,20 +34,28 @@ def _sparse(name: str) -> Normalizer:
     """
     from backbones import entmax_fast
     op = getattr(entmax_fast, name)
-    fn = _fp32(lambda s: op(s, dim=-1))
+    fn = _fp32(lambda s: op(s, dim=-1, backend=backend))
     fn.fused_kind = name
     return fn
 
 
-def build_normalizer(name: str, alpha: float = 1.5, n_iter: int = 50) -> Normalizer | None:
-    """``None`` means softmax: the attention layer then uses the fused SDPA kernel."""
-    if name == "softmax":
+NORMALIZERS = tuple(n.value for n in NormalizerName)
+
+
+def build_normalizer(name: str, alpha: float = 1.5, n_iter: int = 50,
+                     backend: str = DEFAULT_BACKEND) -> Normalizer | None:
+    """``None`` means softmax: the attention layer then uses the fused SDPA kernel.
+
+    ``backend`` picks the kernel of entmax-1.5 / sparsemax (``backbones.entmax_fast``: auto | cpp | torch).
+    """
+    try:
+        name = NormalizerName(name)
+    except ValueError:
+        raise ValueError(f"unknown attention normaliser '{name}'; valid: {', '.join(NORMALIZERS)}") from None
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown entmax backend '{backend}'; valid: {', '.join(BACKENDS)}")
+    if name is NormalizerName.SOFTMAX:
         return None
-    if name in ("entmax15", "sparsemax"):
-        return _sparse(name)
-    if name == "entmax_bisect":
-        return _fp32(lambda s: entmax_lib.entmax_bisect(s, alpha=alpha, dim=-1, n_iter=n_iter))
-    raise ValueError(f"unknown attention normaliser '{name}'; valid: {', '.join(NORMALIZERS)}")
-
-
-NORMALIZERS = ("softmax", "entmax15", "sparsemax", "entmax_bisect")
+    if name in (NormalizerName.ENTMAX15, NormalizerName.SPARSEMAX):
+        return _sparse(name.value, backend)
+    return _fp32(lambda s: entmax_lib.entmax_bisect(s, alpha=alpha, dim=-1, n_iter=n_iter))

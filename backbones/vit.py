@@ -1,9 +1,10 @@
 """The tokenmix ViT: timm's ``VisionTransformer`` with swappable token interaction.
 
 Two independent axes, chosen by the variant name (``backbones/variants.py``):
-- attention normaliser, via the ``attn_layer`` (``TokenMixAttention``) of every block;
+- attention normaliser, passed to the constructor of every block's ``attn_layer`` (``TokenMixAttention``);
 - global-token strategy: ``cls`` | ``registers`` (DINOv2 placement) | ``specialization`` (``block_fn``)
-  | ``lastvit`` (frequency-aware top-K aggregation replaces the [CLS] output).
+  | ``lastvit`` (frequency-aware top-K aggregation replaces the [CLS] output); what each one changes is
+  one row of ``STRATEGY_RULES``.
 
 State-dict keys are timm's, which are also DINO's released keys (``cls_token``, ``pos_embed``,
 ``patch_embed.proj.*``, ``blocks.N.{norm1,attn.qkv,attn.proj,norm2,mlp.fc1,mlp.fc2}.*``, ``norm.*``);
@@ -12,8 +13,9 @@ extras are ``reg_token`` and ``*_cls`` specialised parameters.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -21,11 +23,11 @@ from torch import nn
 from timm.layers import trunc_normal_
 from timm.models.vision_transformer import VisionTransformer
 
-from .attention import TokenMixAttention
+from .attention import attention_layer
+from .entmax_fast import DEFAULT_BACKEND
 from .lastvit import FrequencyTopKPooling
-from .normalizers import build_normalizer
 from .specialization import COMPONENTS, SpecializedBlock
-from .variants import parse_variant
+from .variants import Normalizer, Strategy, parse_variant
 
 # name -> ViT shape. All: mlp_ratio 4, qkv_bias, LayerNorm eps 1e-6 (DINO's vision_transformer.py).
 ARCHS: dict[str, dict[str, int]] = {
@@ -39,46 +41,65 @@ ARCHS: dict[str, dict[str, int]] = {
 }
 
 
+@dataclass(frozen=True)
+class StrategyRule:
+    """What one global-token strategy changes in the ViT, from the knobs (``TokenMixViT`` arguments)."""
+    knobs: tuple[str, ...] = ()  # recorded in ``model.config`` (and so in checkpoints)
+    block_fn: Callable[[dict], Any] | None = None  # knobs -> timm block_fn
+    registers: Callable[[dict], int] = lambda kn: 0  # knobs -> number of register tokens
+    aggregator: Callable[[int, dict], nn.Module] | None = None  # (embed_dim, knobs) -> replaces the [CLS] output
+
+
+STRATEGY_RULES: dict[Strategy, StrategyRule] = {
+    Strategy.CLS: StrategyRule(),
+    Strategy.REGISTERS: StrategyRule(knobs=("num_registers",), registers=lambda kn: kn["num_registers"]),
+    Strategy.SPECIALIZATION: StrategyRule(
+        knobs=("spec_blocks", "spec_components"),
+        block_fn=lambda kn: partial(SpecializedBlock, spec_blocks=tuple(kn["spec_blocks"]),
+                                    components=tuple(kn["spec_components"]))),
+    Strategy.LASTVIT: StrategyRule(
+        knobs=("lastvit_k", "lastvit_sigma"),
+        aggregator=lambda dim, kn: FrequencyTopKPooling(dim, k=kn["lastvit_k"], sigma=kn["lastvit_sigma"])),
+}
+NORMALIZER_KNOBS: dict[Normalizer, tuple[str, ...]] = {Normalizer.ENTMAX_BISECT: ("alpha", "bisect_iters")}
+
+
 class TokenMixViT(VisionTransformer):
+    """``entmax_backend``: kernel of the entmax-1.5/sparsemax attention (auto | cpp | torch, see
+    ``backbones/entmax_fast.py``); a runtime choice, not part of ``config``."""
+
     def __init__(self, *, arch: str, variant: str = "softmax", num_registers: int = 4,
                  spec_blocks: Optional[Sequence[int]] = None, spec_components: Sequence[str] = COMPONENTS,
                  lastvit_k: int = 1, lastvit_sigma: Optional[float] = None, alpha: float = 1.5,
-                 bisect_iters: int = 50, **vit_kwargs: Any) -> None:
+                 bisect_iters: int = 50, entmax_backend: str = DEFAULT_BACKEND, **vit_kwargs: Any) -> None:
         spec = parse_variant(variant)
-        if spec.strategy == "specialization":
-            spec_blocks = tuple(range(4)) if spec_blocks is None else tuple(int(b) for b in spec_blocks)
-            vit_kwargs["block_fn"] = partial(SpecializedBlock, spec_blocks=spec_blocks, components=tuple(spec_components))
+        rule = STRATEGY_RULES[spec.strategy]
+        knobs = dict(num_registers=num_registers, lastvit_k=lastvit_k, lastvit_sigma=lastvit_sigma, alpha=alpha,
+                     bisect_iters=bisect_iters, spec_components=list(spec_components),
+                     spec_blocks=list(range(4)) if spec_blocks is None else [int(b) for b in spec_blocks])
+        if rule.block_fn is not None:
+            vit_kwargs["block_fn"] = rule.block_fn(knobs)
         vit_kwargs.setdefault("norm_layer", partial(nn.LayerNorm, eps=1e-6))
+        attn = attention_layer(normalizer=spec.normalizer, alpha=alpha, bisect_iters=bisect_iters,
+                               entmax_backend=entmax_backend)
         super().__init__(num_classes=0, global_pool="token", qkv_bias=True, mlp_ratio=4.0,
-                         dynamic_img_size=True, attn_layer=TokenMixAttention, **vit_kwargs)
+                         dynamic_img_size=True, attn_layer=attn, **vit_kwargs)
         self.arch, self.variant, self.spec = arch, spec.name, spec
         self.patch_size = self.patch_embed.patch_size[0]
         self.depth = len(self.blocks)
         self.num_heads = self.blocks[0].attn.num_heads
         trunc_normal_(self.cls_token, std=0.02)  # DINO's init (timm uses N(0, 1e-6))
 
-        normalizer = build_normalizer(spec.normalizer, alpha=alpha, n_iter=bisect_iters)
-        for blk in self.blocks:
-            blk.attn.normalizer = normalizer
-
         # registers: DINOv2 placement (after [CLS], no positional embedding) and init N(0, 1e-6)
-        n_reg = num_registers if spec.strategy == "registers" else 0
+        n_reg = rule.registers(knobs)
         self.reg_token = nn.Parameter(torch.randn(1, n_reg, self.embed_dim) * 1e-6) if n_reg else None
         self.num_reg_tokens = n_reg
         self.num_prefix_tokens = 1 + n_reg
 
-        self.aggregator = (FrequencyTopKPooling(self.embed_dim, k=lastvit_k, sigma=lastvit_sigma)
-                     if spec.strategy == "lastvit" else None)
+        self.aggregator = rule.aggregator(self.embed_dim, knobs) if rule.aggregator is not None else None
 
-        self.config: dict[str, Any] = {"arch": arch, "variant": spec.name}
-        if spec.strategy == "registers":
-            self.config["num_registers"] = n_reg
-        if spec.strategy == "specialization":
-            self.config.update(spec_blocks=list(spec_blocks), spec_components=list(spec_components))
-        if spec.strategy == "lastvit":
-            self.config.update(lastvit_k=lastvit_k, lastvit_sigma=lastvit_sigma)
-        if spec.normalizer == "entmax_bisect":
-            self.config.update(alpha=alpha, bisect_iters=bisect_iters)
+        recorded = rule.knobs + NORMALIZER_KNOBS.get(spec.normalizer, ())
+        self.config: dict[str, Any] = {"arch": arch, "variant": spec.name, **{k: knobs[k] for k in recorded}}
 
     # -- tokens -------------------------------------------------------------------------------------
     def interpolate_pos_encoding(self, gh: int, gw: int) -> torch.Tensor:

@@ -40,7 +40,7 @@ MEMORY_VARIANTS = ("softmax (fused SDPA)", "softmax (manual)", "entmax15 fast, C
                    "entmax15 fused attention, C++ kernel", "entmax15 reference (entmax lib)")
 
 
-def _normalizer(kind: str | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
+def _normalizer(kind: str | None, backend: str = "auto") -> Callable[[torch.Tensor], torch.Tensor] | None:
     import entmax
 
     from backbones import entmax_fast
@@ -49,8 +49,8 @@ def _normalizer(kind: str | None) -> Callable[[torch.Tensor], torch.Tensor] | No
         return lambda s: fn(s.float()).to(s.dtype)
 
     return {None: None, "softmax": lambda s: s.softmax(-1),
-            "entmax15": fp32(lambda s: entmax_fast.entmax15(s, dim=-1)),
-            "sparsemax": fp32(lambda s: entmax_fast.sparsemax(s, dim=-1)),
+            "entmax15": fp32(lambda s: entmax_fast.entmax15(s, dim=-1, backend=backend)),
+            "sparsemax": fp32(lambda s: entmax_fast.sparsemax(s, dim=-1, backend=backend)),
             "entmax15_ref": fp32(lambda s: entmax.entmax15(s, dim=-1))}[kind]
 
 
@@ -68,17 +68,17 @@ def _fused_attention_forward(self, x: torch.Tensor, attn_mask=None, is_causal: b
     qkv = self._qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.unbind(0)
     q, k = self.q_norm(q), self.k_norm(k)
-    x = sparse_attention(q, k, v, self.scale, "entmax15").to(v.dtype)
+    x = sparse_attention(q, k, v, self.scale, "entmax15", backend=self.entmax_backend).to(v.dtype)
     x = x.transpose(1, 2).reshape(B, N, self.attn_dim)
     return self.proj_drop(self.proj(self.norm(x)))
 
 
-def _set_normalizer(model: torch.nn.Module, kind: str | None) -> None:
+def _set_normalizer(model: torch.nn.Module, kind: str | None, backend: str = "auto") -> None:
     import types
     fused = kind == "entmax15_attention"
-    norm = _normalizer("entmax15" if fused else kind)
+    norm = _normalizer("entmax15" if fused else kind, backend)
     for blk in model.blocks:
-        blk.attn.normalizer = norm
+        blk.attn.normalizer, blk.attn.entmax_backend = norm, backend
         if fused:
             blk.attn.forward = types.MethodType(_fused_attention_forward, blk.attn)
         else:
@@ -119,16 +119,14 @@ def _time_side_by_side(fns: dict[str, Callable[[], None]], repeats: int,
 
 
 def vit_times(cfg: dict, device: torch.device) -> dict[str, dict[str, list[float]]]:
-    from backbones import entmax_fast
     torch.manual_seed(0)
     model = build_model(cfg["arch"], cfg["img"], device)
     x = torch.randn(cfg["batch"], 3, cfg["img"], cfg["img"], device=device)
 
     def make(kind, backend):
         def fn():
-            _set_normalizer(model, kind)
-            with entmax_fast.use_backend(backend):
-                _step(model, x)
+            _set_normalizer(model, kind, backend)
+            _step(model, x)
         return fn
 
     variants = {k: v for k, v in VIT_VARIANTS.items() if _cpp_ok(device) or v[1] != "cpp"}
@@ -147,18 +145,17 @@ def op_times(cfg: dict, device: torch.device) -> dict[str, dict[str, list[float]
     logits = torch.randn(cfg["batch"], a["num_heads"], t, t, device=device) * 0.15  # ~ViT-S logits at init
     grad = torch.randn_like(logits)
 
-    def make(fn, backend="auto"):
+    def make(fn, **backend):
         def run():
             x = logits.clone().requires_grad_()
-            with entmax_fast.use_backend(backend):
-                fn(x).backward(grad)
+            fn(x, **backend).backward(grad)
         return run
 
     fns = {"softmax": make(lambda s: s.softmax(-1)),
-           "entmax15 fast, C++ kernel": make(entmax_fast.entmax15, "cpp"),
-           "entmax15 fast, PyTorch path": make(entmax_fast.entmax15, "torch"),
+           "entmax15 fast, C++ kernel": make(entmax_fast.entmax15, backend="cpp"),
+           "entmax15 fast, PyTorch path": make(entmax_fast.entmax15, backend="torch"),
            "entmax15 reference (entmax lib)": make(lambda s: entmax.entmax15(s, dim=-1)),
-           "sparsemax fast, C++ kernel": make(entmax_fast.sparsemax, "cpp"),
+           "sparsemax fast, C++ kernel": make(entmax_fast.sparsemax, backend="cpp"),
            "sparsemax reference (entmax lib)": make(lambda s: entmax.sparsemax(s, dim=-1))}
     if not _cpp_ok(device):
         fns = {k: v for k, v in fns.items() if "C++" not in k}
@@ -214,27 +211,25 @@ def _rss_kib(field: str) -> int:
 
 def memory_child(variant: str, cfg: dict, device: torch.device) -> dict:
     """Peak memory of one forward + backward above the state right before it (fresh process)."""
-    from backbones import entmax_fast
     kind, backend = VIT_VARIANTS[variant]
     torch.manual_seed(0)
     model = build_model(cfg["arch"], cfg["img"], device)
-    _set_normalizer(model, kind)
+    _set_normalizer(model, kind, backend)
     x = torch.randn(cfg["batch"], 3, cfg["img"], cfg["img"], device=device)
-    with entmax_fast.use_backend(backend):
-        _step(model, x)  # warm-up; grads now exist, as in training
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            base = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            _step(model, x)
-            torch.cuda.synchronize(device)
-            return {"peak_mib": (torch.cuda.max_memory_allocated(device) - base) / 2**20, "method": "cuda allocator"}
-        if not Path("/proc/self/clear_refs").exists():
-            return {"peak_mib": None, "method": "unavailable: needs Linux /proc/self/clear_refs"}
-        base = _rss_kib("VmRSS")
-        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    _step(model, x)  # warm-up; grads now exist, as in training
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
         _step(model, x)
-        return {"peak_mib": (_rss_kib("VmHWM") - base) / 1024, "method": "VmHWM - VmRSS before step"}
+        torch.cuda.synchronize(device)
+        return {"peak_mib": (torch.cuda.max_memory_allocated(device) - base) / 2**20, "method": "cuda allocator"}
+    if not Path("/proc/self/clear_refs").exists():
+        return {"peak_mib": None, "method": "unavailable: needs Linux /proc/self/clear_refs"}
+    base = _rss_kib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    _step(model, x)
+    return {"peak_mib": (_rss_kib("VmHWM") - base) / 1024, "method": "VmHWM - VmRSS before step"}
 
 
 def memory_peaks(cfg: dict, device: torch.device) -> dict[str, float | str]:

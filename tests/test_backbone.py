@@ -135,8 +135,8 @@ def test_entmax15_attention_equals_entmax_library_and_is_sparse():
 @pytest.mark.parametrize("variant", ["entmax", "sparsemax", "entmax_bisect"])
 def test_sparse_attention_gradcheck_float64(variant):
     torch.manual_seed(0)
-    layer = TokenMixAttention(8, num_heads=2, qkv_bias=True).double()
-    layer.normalizer = build_normalizer(backbones.parse_variant(variant).normalizer)
+    layer = TokenMixAttention(8, num_heads=2, qkv_bias=True,
+                              normalizer=backbones.parse_variant(variant).normalizer).double()
     x = torch.randn(1, 5, 8, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(layer, (x,), eps=1e-6, atol=1e-5)
 

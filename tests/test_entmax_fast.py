@@ -1,15 +1,17 @@
 """backbones.entmax_fast against the reference library (entmax.entmax15 / entmax.sparsemax), both backends.
 
-Every check runs on the C++ kernel and on the pure-PyTorch path, each forced with ``use_backend``.
+Every check runs on the C++ kernel and on the pure-PyTorch path, each chosen by the ops' ``backend`` argument.
 Tolerance is the issue's 1e-5 (forward and backward). The C++ kernel is built once (cached, ~2 s cold).
 """
 import shutil
 import warnings
+from functools import partial
 
 import entmax
 import pytest
 import torch
 
+import backbones
 from backbones import entmax_fast as ef
 
 OPS = {"entmax15": (ef.entmax15, entmax.entmax15), "sparsemax": (ef.sparsemax, entmax.sparsemax)}
@@ -35,10 +37,13 @@ def _run(fn, x, dim=-1, grad=None):
     return y.detach(), x.grad, g
 
 
+def _fast(name, backend):
+    return partial(OPS[name][0], backend=backend)
+
+
 def _compare(name, backend, x, dim=-1):
-    fast, ref = OPS[name]
-    with ef.use_backend(backend):
-        y, gx, g = _run(fast, x, dim)
+    ref = OPS[name][1]
+    y, gx, g = _run(_fast(name, backend), x, dim)
     y_ref, gx_ref, _ = _run(lambda t, dim: ref(t, dim=dim), x, dim, grad=g)
     assert y.dtype == y_ref.dtype
     torch.testing.assert_close(y, y_ref, atol=TOL, rtol=0)
@@ -93,9 +98,7 @@ def test_exact_zeros_and_hand_worked_values(backend, name):
     # entmax-1.5 of [0, -inf, ..] style rows, worked by hand: z = x/2, tau solves sum (z - tau)_+^2 = 1.
     # x = [2, 0]: z = [1, 0]; support {1} alone gives tau = 0, consistent (0 <= 0) -> [1, 0].
     # x = [1, 0]: z = [.5, 0]; tau = mean - sqrt((1 - ss)/2) = .25 - sqrt(.4375)  -> p = (z - tau)^2.
-    fast, _ = OPS[name]
-    with ef.use_backend(backend):
-        y = fast(torch.tensor([[2.0, 0.0], [1.0, 0.0]]))
+    y = _fast(name, backend)(torch.tensor([[2.0, 0.0], [1.0, 0.0]]))
     if name == "entmax15":
         tau = 0.25 - 0.4375 ** 0.5
         expect = torch.tensor([[1.0, 0.0], [(0.5 - tau) ** 2, (0.0 - tau) ** 2]])
@@ -117,10 +120,8 @@ def test_masked_minus_inf(backend, name):
     y = _compare(name, backend, x)
     assert (y[mask] == 0).all()
     assert y[3, 0] == 1.0
-    with ef.use_backend(backend):
-        xx = x.clone().requires_grad_()
-        fast, _ = OPS[name]
-        fast(xx).backward(torch.randn(6, 50))
+    xx = x.clone().requires_grad_()
+    _fast(name, backend)(xx).backward(torch.randn(6, 50))
     assert torch.isfinite(xx.grad).all() and (xx.grad[mask] == 0).all()
 
 
@@ -129,9 +130,7 @@ def test_masked_minus_inf(backend, name):
 def test_fully_masked_row_is_nan_like_softmax(backend, name):
     x = torch.randn(3, 7)
     x[1] = float("-inf")
-    fast, _ = OPS[name]
-    with ef.use_backend(backend):
-        y = fast(x)
+    y = _fast(name, backend)(x)
     assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()
     assert torch.isnan(torch.softmax(x, -1)[1]).all()
 
@@ -142,12 +141,11 @@ def test_fully_masked_row_is_nan_like_softmax(backend, name):
 def test_half_inputs_computed_in_fp32(backend, name, dtype):
     torch.manual_seed(1)
     x = (torch.randn(2, 2, 33, 33) * 2).to(dtype)
-    fast, ref = OPS[name]
-    with ef.use_backend(backend):
-        xx = x.clone().requires_grad_()
-        y = fast(xx)
-        g = torch.randn_like(y)
-        y.backward(g)
+    fast, ref = _fast(name, backend), OPS[name][1]
+    xx = x.clone().requires_grad_()
+    y = fast(xx)
+    g = torch.randn_like(y)
+    y.backward(g)
     assert y.dtype == torch.float32 and xx.grad.dtype == dtype
     xr = x.float().requires_grad_()
     y_ref = ref(xr, dim=-1)
@@ -169,12 +167,11 @@ def test_other_dims_and_noncontiguous(backend, name):
 @pytest.mark.parametrize("name", list(OPS))
 def test_gradcheck_float64(backend, name):
     torch.manual_seed(3)
-    fast, ref = OPS[name]
+    fast, ref = _fast(name, backend), OPS[name][1]
     # distinct values with margins, so finite differences never cross a support boundary
     x = (torch.randperm(4 * 7).reshape(4, 7).double() * 0.37).requires_grad_()
-    with ef.use_backend(backend):
-        assert torch.autograd.gradcheck(lambda t: fast(t, dim=-1), (x,), eps=1e-6, atol=1e-8)
-        y = fast(x)
+    assert torch.autograd.gradcheck(lambda t: fast(t, dim=-1), (x,), eps=1e-6, atol=1e-8)
+    y = fast(x)
     assert y.dtype == torch.float64
     torch.testing.assert_close(y, ref(x, dim=-1), atol=1e-12, rtol=0)
 
@@ -182,8 +179,7 @@ def test_gradcheck_float64(backend, name):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_backward_saves_only_the_output(backend):
     x = torch.randn(2, 3, 11, 11, requires_grad=True)
-    with ef.use_backend(backend):
-        y = ef.entmax15(x)
+    y = ef.entmax15(x, backend=backend)
     node = y.grad_fn
     while type(node).__name__ != "_SparseNormFnBackward":  # view nodes sit above the Function
         node = node.next_functions[0][0]
@@ -200,10 +196,9 @@ def test_cpp_result_independent_of_thread_count():
     old = torch.get_num_threads()
     out = []
     try:
-        with ef.use_backend("cpp"):
-            for n in (1, 2):
-                torch.set_num_threads(n)
-                out.append((ef.entmax15(x), ef.sparsemax(x)))
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            out.append((ef.entmax15(x, backend="cpp"), ef.sparsemax(x, backend="cpp")))
     finally:
         torch.set_num_threads(old)
     assert all(torch.equal(a, b) for a, b in zip(*out))
@@ -234,20 +229,44 @@ def test_auto_falls_back_to_torch_when_the_build_failed(monkeypatch):
     monkeypatch.setattr(ef, "_lib_error", "RuntimeError: no C++ compiler found (simulated)")
     monkeypatch.setattr(ef, "_warned", False)
     x = torch.randn(2, 5, 5)
-    with ef.use_backend("auto"), warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        y = ef.entmax15(x)
-        ef.entmax15(x)
+        y = ef.entmax15(x, backend="auto")
+        ef.entmax15(x)  # the default backend is auto
     assert sum("C++ kernel unavailable" in str(w.message) for w in caught) == 1  # warned once
     torch.testing.assert_close(y, entmax.entmax15(x, dim=-1), atol=TOL, rtol=0)
-    with ef.use_backend("cpp"), pytest.raises(RuntimeError, match="did not build"):
-        ef.entmax15(x)
+    with pytest.raises(RuntimeError, match="did not build"):
+        ef.entmax15(x, backend="cpp")
+
+
+def test_vit_threads_its_backend_to_every_attention_layer(monkeypatch):
+    """create_vit(entmax_backend=...) reaches the op: with the C++ kernel 'unbuildable', a 'torch' model runs
+    and a 'cpp' model fails naming the build, in both the fused and the recorded (explicit) attention paths."""
+    import pickle
+    monkeypatch.setattr(ef, "_lib", None)
+    monkeypatch.setattr(ef, "_lib_error", "RuntimeError: no C++ compiler found (simulated)")
+    x = torch.randn(1, 3, 32, 32)
+    for record in (False, True):
+        ok = backbones.create_vit("vit_test_patch8", "entmax", entmax_backend="torch")
+        bad = backbones.create_vit("vit_test_patch8", "entmax", entmax_backend="cpp")
+        assert {blk.attn.entmax_backend for blk in ok.blocks} == {"torch"}
+        for blk in (*ok.blocks, *bad.blocks):
+            blk.attn.record = record
+        assert torch.isfinite(ok(x)).all()
+        with pytest.raises(RuntimeError, match="did not build"):
+            bad(x)
+    # the bound attention class pickles by its arguments (softmax layers hold no closure)
+    plain = backbones.create_vit("vit_test_patch8", "softmax").eval()
+    again = pickle.loads(pickle.dumps(plain))
+    assert type(again.blocks[0].attn) is type(plain.blocks[0].attn)
+    assert torch.equal(again(x), plain(x))
 
 
 def test_bad_input_errors():
     with pytest.raises(ValueError, match="valid: auto, cpp, torch"):
-        with ef.use_backend("triton"):
-            pass
+        ef.entmax15(torch.ones(3), backend="triton")
+    with pytest.raises(ValueError, match="valid: auto, cpp, torch"):
+        backbones.create_vit("vit_test_patch8", "entmax", entmax_backend="triton")
     with pytest.raises(TypeError, match="floating-point"):
         ef.entmax15(torch.ones(3, dtype=torch.long))
     assert ef.sparsemax(torch.empty(0, 4)).shape == (0, 4)
@@ -265,8 +284,7 @@ def test_sparse_attention_matches_unfused(backend, name, N, M):
     d = 16
     q, k, v = torch.randn(2, 3, N, d) * 2, torch.randn(2, 3, M, d), torch.randn(2, 3, M, 8)
     qkv = [t.clone().requires_grad_() for t in (q, k, v)]
-    with ef.use_backend(backend):
-        out = ef.sparse_attention(*qkv, d ** -0.5, name)
+    out = ef.sparse_attention(*qkv, d ** -0.5, name, backend=backend)
     g = torch.randn_like(out)
     out.backward(g)
     ref = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -281,8 +299,7 @@ def test_sparse_attention_matches_unfused(backend, name, N, M):
 def test_sparse_attention_saves_no_probabilities(backend):
     # memory like fused softmax: q, k, v (views the layer keeps anyway) and 2 numbers per query row
     q, k, v = (torch.randn(2, 3, 20, 8, requires_grad=True) for _ in range(3))
-    with ef.use_backend(backend):
-        out = ef.sparse_attention(q, k, v, 0.3)
+    out = ef.sparse_attention(q, k, v, 0.3, backend=backend)
     shapes = [tuple(t.shape) for t in out.grad_fn.saved_tensors]
     assert shapes == [(2, 3, 20, 8)] * 3 + [(2 * 3 * 20, 2)]
 
@@ -292,20 +309,19 @@ def test_sparse_attention_saves_no_probabilities(backend):
 def test_sparse_attention_gradcheck_and_half(backend, name):
     torch.manual_seed(5)
     q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    with ef.use_backend(backend):
-        assert torch.autograd.gradcheck(lambda a, b, c: ef.sparse_attention(a, b, c, 0.7, name), (q, k, v),
-                                        eps=1e-6, atol=1e-7)
-        qh, kh, vh = (t.detach().to(torch.bfloat16).requires_grad_() for t in (q, k, v))
-        out = ef.sparse_attention(qh, kh, vh, 0.7, name)
-        out.sum().backward()
+    attention = partial(ef.sparse_attention, scale=0.7, kind=name, backend=backend)
+    assert torch.autograd.gradcheck(lambda a, b, c: attention(a, b, c), (q, k, v), eps=1e-6, atol=1e-7)
+    qh, kh, vh = (t.detach().to(torch.bfloat16).requires_grad_() for t in (q, k, v))
+    out = attention(qh, kh, vh)
+    out.sum().backward()
     assert out.dtype == torch.float32 and qh.grad.dtype == torch.bfloat16
     torch.testing.assert_close(out, _attention_ref(*(t.detach().float() for t in (qh, kh, vh)), 0.7, name),
                                atol=TOL, rtol=0)
     grads = [t.grad.clone() for t in (qh, kh, vh)]
     for t in (qh, kh, vh):
         t.grad = None
-    with ef.use_backend(backend), torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 inside regardless
-        out_amp = ef.sparse_attention(qh, kh, vh, 0.7, name)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 inside regardless
+        out_amp = attention(qh, kh, vh)
         out_amp.sum().backward()
     torch.testing.assert_close(out_amp, out, atol=0, rtol=0)
     for g, t in zip(grads, (qh, kh, vh)):
