@@ -12,33 +12,19 @@ from typing import Iterator
 
 import torch
 import torch.nn.functional as F
-from torchvision.transforms.v2 import functional as TF
+
+from datamodules.transforms.views import eval_resize as default_resize, eval_view, normalize
 
 from .boxes import ResizeCrop, map_boxes, resize_crop_params
-from .figures import IMAGENET_MEAN, IMAGENET_STD
 
 # which dataset each DATA name opens, and with which loader options
 BOX_DATASETS = ("voc", "imagenet", "demo")
 
 
-def default_resize(crop: int) -> int:
-    """Resize 256 for a 224 crop (DINO / LAST-ViT); the same ratio for other crop sizes."""
-    return int(round(crop * 256 / 224))
-
-
-def normalize(img_uint8: torch.Tensor) -> torch.Tensor:
-    x = img_uint8.float() / 255
-    mean = torch.tensor(IMAGENET_MEAN, dtype=x.dtype)[:, None, None]
-    std = torch.tensor(IMAGENET_STD, dtype=x.dtype)[:, None, None]
-    return (x - mean) / std
-
-
 def eval_crop(img: torch.Tensor, resize: int, crop: int) -> tuple[torch.Tensor, ResizeCrop]:
     """uint8 (3, H, W) -> normalised (3, crop, crop) and the geometry that maps boxes the same way."""
     H, W = img.shape[-2:]
-    x = TF.resize(img, [resize], interpolation=TF.InterpolationMode.BICUBIC, antialias=True)
-    x = TF.center_crop(x, [crop, crop])
-    return normalize(x), resize_crop_params(W, H, resize, crop)
+    return normalize(eval_view(img, crop, resize)), resize_crop_params(W, H, resize, crop)
 
 
 def full_res(img: torch.Tensor, patch_size: int) -> torch.Tensor:

@@ -13,8 +13,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from datamodules.transforms.views import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
 
 
 def to_display(img: torch.Tensor) -> np.ndarray:

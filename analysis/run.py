@@ -66,8 +66,7 @@ def load_backbone(args) -> tuple[torch.nn.Module, dict]:
     import backbones
 
     if args.ckpt == "random":
-        torch.manual_seed(0)
-        model = backbones.create_vit(args.arch, args.variant or "softmax")
+        model = backbones.create_vit(args.arch, args.variant or "softmax", seed=0)
         return model, {"ckpt": "random", "ckpt_sha256": None}
     if args.ckpt:
         path = Path(args.ckpt)

@@ -179,9 +179,18 @@ class TokenMixViT(VisionTransformer):
         return {"pos_embed", "cls_token", "reg_token"}
 
 
-def create_vit(arch: str = "vit_small_patch16", variant: str = "softmax", **overrides: Any) -> TokenMixViT:
-    """Build a backbone by architecture and variant name, e.g. ``create_vit("vit_small_patch16", "entmax+lastvit")``."""
+def create_vit(arch: str = "vit_small_patch16", variant: str = "softmax", seed: Optional[int] = None,
+               **overrides: Any) -> TokenMixViT:
+    """Build a backbone by architecture and variant name, e.g. ``create_vit("vit_small_patch16", "entmax+lastvit")``.
+
+    ``seed``: draw the initial weights from ``torch.manual_seed(seed)`` inside a forked CPU RNG, so the same seed
+    gives the same weights and the caller's global RNG stream is left as it was. ``None``: the global RNG.
+    """
     if arch not in ARCHS:
         raise ValueError(f"unknown arch '{arch}'; valid: {', '.join(ARCHS)}")
     kwargs = {**ARCHS[arch], **overrides}
-    return TokenMixViT(arch=arch, variant=variant, **kwargs)
+    if seed is None:
+        return TokenMixViT(arch=arch, variant=variant, **kwargs)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return TokenMixViT(arch=arch, variant=variant, **kwargs)

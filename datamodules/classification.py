@@ -17,7 +17,7 @@ class ClassificationDataModule(DataModuleBase):
         super().__init__(data, data_root, **kw)
 
     def default_transforms(self):
-        return ClassificationTrain(self.img_size), ClassificationEval(int(self.img_size * 256 / 224), self.img_size)
+        return ClassificationTrain(self.img_size), ClassificationEval(None, self.img_size)
 
     @property
     def num_classes(self) -> int:

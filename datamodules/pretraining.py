@@ -16,11 +16,10 @@ from typing import Any, Callable, Optional
 
 import lightning.pytorch as pl
 import torch
-import torchvision.transforms.v2.functional as TF
 from torch.utils.data import DataLoader, Dataset, Sampler
-from torchvision.transforms import InterpolationMode
 
 from datamodules.transforms.multicrop import MultiCropTransform, make_config, sample_generator
+from datamodules.transforms.views import eval_resize, eval_view, normalize
 
 DEMO = "demo"
 
@@ -107,19 +106,15 @@ class EvalDataset(Dataset):
 
     def __init__(self, base: Dataset, size: int, resize_ratio: float, mean, std):
         self.base, self.size, self.resize_ratio = base, size, resize_ratio
-        self.mean, self.std = torch.tensor(mean).view(3, 1, 1), torch.tensor(std).view(3, 1, 1)
+        self.mean, self.std = mean, std
 
     def __len__(self) -> int:
         return len(self.base)
 
     def __getitem__(self, idx):
         item = self.base[idx]
-        img = item["image"]
-        short = int(round(self.size * self.resize_ratio))
-        if min(img.shape[-2:]) != short:
-            img = TF.resize(img, [short], interpolation=InterpolationMode.BICUBIC, antialias=True)
-        img = TF.center_crop(img, [self.size, self.size])
-        return (img.float() / 255.0 - self.mean) / self.std, int(item["label"])
+        view = eval_view(item["image"], self.size, eval_resize(self.size, self.resize_ratio))
+        return normalize(view, self.mean, self.std), int(item["label"])
 
 
 class DINOPretrainDataModule(pl.LightningDataModule):

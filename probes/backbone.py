@@ -46,8 +46,7 @@ def resolve_backbone(ckpt: str, variant: str, arch: str, patch_size: int, seed: 
         return BackboneInfo(m, "pixels", "pixels", config=dict(m.config))
     if ckpt == "random":
         from backbones import create_vit
-        torch.manual_seed(seed)  # the same random init every time for a given seed
-        m = create_vit(arch, variant)
+        m = create_vit(arch, variant, seed=seed)  # the same random init every time for a given seed
         return BackboneInfo(m, "random", f"{m.variant}_random", config={**m.config, "seed": seed})
     if not ckpt:
         from tokenmix.paths import latest_pretrain_checkpoint

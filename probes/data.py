@@ -7,13 +7,14 @@ original resolution and the probe upsamples its prediction to it (evaluation at 
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
+
+from datamodules.transforms.views import eval_view
 
 from .tasks import TaskSpec
 
@@ -96,10 +97,7 @@ class ProbeDataset(Dataset):
             img = T.RandomResizedCrop(self.size, antialias=True)(img)
             img = T.RandomHorizontalFlip()(img)
         elif self.mode == "cls_val":
-            import torchvision.transforms.v2 as T
-            img = T.Resize(int(math.floor(self.size * 256 / 224)), antialias=True,
-                           interpolation=T.InterpolationMode.BICUBIC)(img)
-            img = T.CenterCrop(self.size)(img)
+            img = eval_view(img, self.size)
         else:
             img = _resize_image(img, S)
         out["image"] = img

@@ -13,8 +13,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn as nn
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from datamodules.transforms.views import normalize
 
 
 @dataclass
@@ -29,12 +28,7 @@ class FeatureSpec:
                 "blocks": list(self.blocks) if self.blocks is not None else None, "with_cls": self.with_cls}
 
 
-def normalize_images(images: torch.Tensor) -> torch.Tensor:
-    """uint8 (B, 3, H, W) -> float, ImageNet mean/std (what DINO backbones were trained on)."""
-    x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
-    mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, device=x.device).view(1, 3, 1, 1)
-    return (x - mean) / std
+normalize_images = normalize  # uint8 (B, 3, H, W) -> float, ImageNet mean/std (what DINO backbones were trained on)
 
 
 class FrozenFeatures(nn.Module):

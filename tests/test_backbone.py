@@ -315,3 +315,13 @@ def test_unknown_names_list_valid_ones():
         backbones.create_vit("vit_huge_patch3", "softmax")
     assert backbones.parse_variant("lastvit+entmax15").name == "entmax+lastvit"
     assert set(PAPER_VARIANTS) <= set(backbones.VARIANTS)
+
+
+def test_seeded_creation_leaves_the_global_rng_alone():
+    torch.manual_seed(3)
+    expected = backbones.create_vit("vit_test_patch8", "registers").state_dict()  # the old way: seed, then build
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    m = backbones.create_vit("vit_test_patch8", "registers", seed=3)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert all(torch.equal(v, expected[k]) for k, v in m.state_dict().items())

@@ -125,3 +125,17 @@ def test_eval_depth_mask_crops_and_ranges_hand_counted():
     assert eval_depth_mask("sunrgbd", s).all() and eval_depth_mask("sunrgbd", s * 4).sum() == 0
     with pytest.raises(ValueError, match="no depth evaluation settings"):
         eval_depth_mask("voc", s)
+
+
+@pytest.mark.parametrize("hw,crop", [((375, 500), 224), ((64, 64), 56), ((80, 60), 64), ((73, 90), 64)])
+def test_eval_view_is_torchvision_resize_centercrop_and_the_dict_view_agrees(hw, crop):
+    from datamodules.transforms.views import IMAGENET_MEAN, IMAGENET_STD, eval_resize, eval_view, normalize
+    assert (eval_resize(224), eval_resize(56), eval_resize(64), eval_resize(32, 1.0)) == (256, 64, 73, 32)
+    img = _item(*hw)["image"]
+    ref = T.Compose([T.Resize(eval_resize(crop), interpolation=T.InterpolationMode.BICUBIC, antialias=True),
+                     T.CenterCrop(crop)])(img)
+    assert torch.equal(eval_view(img, crop), ref)
+    assert torch.equal(ResizeCenterCrop(None, crop)({"image": img})["image"], ref)
+    x = normalize(ref)
+    expected = (ref[1, 3, 5].item() / 255 - IMAGENET_MEAN[1]) / IMAGENET_STD[1]  # hand-worked, one pixel
+    assert x.dtype == torch.float32 and x[1, 3, 5].item() == pytest.approx(expected, abs=1e-6)

@@ -10,9 +10,11 @@ import torchvision.transforms.functional as TF1
 from PIL import Image, ImageFilter, ImageOps
 from torchvision.transforms import Compose, InterpolationMode, RandomApply, RandomResizedCrop
 
+from bench import pil_multicrop
+from bench.pil_multicrop import DinoPILMultiCrop
 from datamodules.transforms import multicrop as mc
-from datamodules.transforms.multicrop import (CropParams, DinoPILMultiCrop, MultiCropConfig, MultiCropTransform,
-                                              make_config, sample_crop_box, sample_params)
+from datamodules.transforms.multicrop import (CropParams, MultiCropConfig, MultiCropTransform, make_config,
+                                              sample_crop_box, sample_params)
 
 SMALL = dict(global_size=32, local_size=16, n_local=3)
 
@@ -317,8 +319,8 @@ def test_pil_reference_follows_official_structure():
         return out
 
     g1, g2, loc = steps(ref.global_transfo1), steps(ref.global_transfo2), steps(ref.local_transfo)
-    blur = lambda st: [s.p for s in st if isinstance(s, mc.PILGaussianBlur)]  # noqa: E731
-    sol = lambda st: [s.p for s in st if isinstance(s, mc.PILSolarization)]  # noqa: E731
+    blur = lambda st: [s.p for s in st if isinstance(s, pil_multicrop.PILGaussianBlur)]  # noqa: E731
+    sol = lambda st: [s.p for s in st if isinstance(s, pil_multicrop.PILSolarization)]  # noqa: E731
     assert (blur(g1), blur(g2), blur(loc)) == ([1.0], [0.1], [0.5])
     assert (sol(g1), sol(g2), sol(loc)) == ([], [0.2], [])
     rrc = [s for s in g1 if isinstance(s, RandomResizedCrop)][0]

@@ -2,13 +2,12 @@
 (bicubic) + CenterCrop 224. Boxes follow the eval geometry exactly (Point-in-Box maps GT boxes this way)."""
 from __future__ import annotations
 
-import math
-
 import torch
 from torchvision.transforms import InterpolationMode
 
 from .common import (Normalize, center_crop_offsets, crop, hflip, log_uniform, randint, resize,
                      shorter_side_size, uniform)
+from .views import eval_resize, random_resized_crop_box
 
 
 class RandomResizedCrop:
@@ -23,22 +22,10 @@ class RandomResizedCrop:
         self.interpolation, self.generator = interpolation, generator
 
     def params(self, H: int, W: int) -> tuple[int, int, int, int]:
-        area = H * W
-        for _ in range(10):
-            target = area * uniform(*self.scale, self.generator)
-            ar = log_uniform(*self.ratio, self.generator)
-            w = int(round(math.sqrt(target * ar)))
-            h = int(round(math.sqrt(target / ar)))
-            if 0 < w <= W and 0 < h <= H:
-                return randint(H - h, self.generator), randint(W - w, self.generator), h, w
-        in_ratio = W / H
-        if in_ratio < min(self.ratio):
-            w, h = W, int(round(W / min(self.ratio)))
-        elif in_ratio > max(self.ratio):
-            h, w = H, int(round(H * max(self.ratio)))
-        else:
-            h, w = H, W
-        return (H - h) // 2, (W - w) // 2, h, w
+        g = self.generator
+        return random_resized_crop_box(H, W, self.scale, self.ratio,
+                                       draw=lambda: (uniform(*self.scale, g), log_uniform(*self.ratio, g)),
+                                       place=lambda dh, dw: (randint(dh, g), randint(dw, g)))
 
     def __call__(self, item: dict) -> dict:
         H, W = item["image"].shape[-2:]
@@ -55,10 +42,13 @@ class RandomHorizontalFlip:
 
 
 class ResizeCenterCrop:
-    """Resize(resize) with bicubic on the shorter side (torchvision size rule), then CenterCrop(crop)."""
+    """Resize(resize) with bicubic on the shorter side (torchvision size rule), then CenterCrop(crop): the DINO eval
+    view of ``transforms.views.eval_view`` on a dict item, moving masks, depths and boxes with the image.
+    ``resize=None``: ``views.eval_resize(crop)``."""
 
-    def __init__(self, resize: int = 256, crop: int = 224, interpolation=InterpolationMode.BICUBIC):
-        self.resize_to, self.crop_to, self.interpolation = resize, crop, interpolation
+    def __init__(self, resize: int | None = 256, crop: int = 224, interpolation=InterpolationMode.BICUBIC):
+        self.resize_to = eval_resize(crop) if resize is None else resize
+        self.crop_to, self.interpolation = crop, interpolation
 
     def __call__(self, item: dict) -> dict:
         H, W = item["image"].shape[-2:]
@@ -79,7 +69,7 @@ class ClassificationTrain:
 
 
 class ClassificationEval:
-    def __init__(self, resize: int = 256, crop: int = 224):
+    def __init__(self, resize: int | None = 256, crop: int = 224):
         self.rc, self.norm = ResizeCenterCrop(resize, crop), Normalize()
 
     def __call__(self, item: dict) -> dict:

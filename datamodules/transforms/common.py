@@ -8,8 +8,8 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from torchvision.transforms import InterpolationMode
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from .views import IMAGENET_MEAN, IMAGENET_STD
+
 DENSE_KEYS = ("mask", "depth")  # pixel-aligned targets: resized with nearest, never interpolated
 
 
