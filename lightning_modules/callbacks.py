@@ -8,7 +8,10 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from tokenmix.attention_stats import attention_stats as _attention_stats
 from tokenmix.io import atomic_json_dump
+from tokenmix.knn import knn_classify
+from tokenmix.pca import pca_rgb as _pca_rgb
 
 
 def _tb(trainer: pl.Trainer):
@@ -17,30 +20,6 @@ def _tb(trainer: pl.Trainer):
         if isinstance(lg, TensorBoardLogger):
             return lg.experiment
     return None
-
-
-def _pca_rgb(patch: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-    try:
-        from analysis.pca import pca_rgb
-        return pca_rgb(patch, grid)
-    except ImportError:  # analysis/ absent: plain joint PCA, min-max scaled per component
-        B, N, D = patch.shape
-        x = patch.reshape(B * N, D).double()
-        x = x - x.mean(0)
-        _, _, vh = torch.linalg.svd(x, full_matrices=False)
-        y = x @ vh[:3].T
-        y = (y - y.min(0).values) / (y.max(0).values - y.min(0).values).clamp_min(1e-12)
-        return y.float().reshape(B, grid[0], grid[1], 3).permute(0, 3, 1, 2)
-
-
-def _attention_stats(attn: torch.Tensor) -> dict[str, torch.Tensor]:
-    try:
-        from analysis.attention_stats import attention_stats
-        return attention_stats(attn)
-    except ImportError:
-        a = attn.double()
-        return {"zero_share": (a == 0).double().mean(dim=(0, 2, 3)).float(),
-                "entropy": (-torch.special.xlogy(a, a).sum(-1).mean(dim=(0, 2))).float()}
 
 
 def _grid_images(x: torch.Tensor, scale: int) -> torch.Tensor:
@@ -144,7 +123,6 @@ class KNNCheck(pl.Callback):
         self.random_init_top1 = state_dict.get("random_init_top1")
 
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> float:
-        from probes.knn import knn_classify
         dm = trainer.datamodule
         model = pl_module.teacher.backbone
         was_training = model.training

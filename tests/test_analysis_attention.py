@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.stats import entropy as scipy_entropy
 
-from analysis.attention_stats import attention_stats, attention_stats_per_layer, cls_attention_maps
+from tokenmix.attention_stats import attention_stats, attention_stats_per_layer, cls_attention_maps
 
 
 def test_hand_worked_rows():

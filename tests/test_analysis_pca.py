@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.pca import foreground_mask, pca_fit, pca_rgb
+from tokenmix.pca import foreground_mask, pca_fit, pca_rgb
 
 
 def numpy_pca_maps(x: np.ndarray, k: int = 3) -> np.ndarray:

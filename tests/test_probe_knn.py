@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from probes.knn import knn_classify, knn_scores, knn_top1, knn_top1_topk
+from tokenmix.knn import knn_classify, knn_scores, knn_top1, knn_top1_topk
 
 
 def _loop_reference(train, labels, test, num_classes, k, T):

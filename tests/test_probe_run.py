@@ -8,7 +8,7 @@ import torch
 from backbones import create_vit
 from datamodules.demo import DemoSpec, ensure_demo_data
 from probes.features import FeatureSpec, FrozenFeatures
-from probes.knn import knn_top1
+from tokenmix.knn import knn_top1
 from probes.run import main, parse_layers
 
 TINY = ["--arch", "vit_test_patch8", "--max-epochs", "2", "--batch-size", "4"]

@@ -1,0 +1,124 @@
+"""PCA maps of patch features: the first principal components of the patch tokens shown as RGB.
+
+Protocol (as in the entmax paper's figures and DINOv2's PCA visualisation):
+  * fit the PCA on all patches of the set (``joint=True``, colours comparable across images) or on each image alone;
+  * every component is min-max scaled to [0, 1] over the patches it was fitted on;
+  * optional foreground threshold: scale the first component to [0, 1], keep patches above ``fg_threshold`` as
+    foreground, fit a second PCA on the foreground patches only and colour them; background is black.
+
+The sign of a principal component is arbitrary. We fix it deterministically (largest-magnitude loading positive,
+like scikit-learn's ``svd_flip``) so maps do not flip colours between runs. For the foreground split the first
+component is additionally oriented so that the image border (mostly background in object-centric data) scores
+low; without this the threshold would select background half the time.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["pca_fit", "pca_rgb", "foreground_mask"]
+
+
+def pca_fit(x: torch.Tensor, n_components: int = 3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PCA of the rows of ``x`` (M, D) -> (mean (D,), components (k, D), explained variance (k,)).
+
+    Components are orthonormal rows, sorted by decreasing variance, sign-fixed (largest |loading| > 0).
+    If fewer than ``n_components`` directions exist (M - 1 or D is smaller), the missing ones are zero.
+    """
+    if x.ndim != 2:
+        raise ValueError(f"pca_fit expects a (M, D) matrix, got shape {tuple(x.shape)}")
+    x = x.detach().to(torch.float64)  # fp64: small variance gaps between components are common in ViT features
+    mean = x.mean(0)
+    xc = x - mean
+    # SVD of the centred data: right singular vectors = principal axes
+    _, s, vh = torch.linalg.svd(xc, full_matrices=False)
+    k = min(n_components, vh.shape[0])
+    comps = vh[:k]
+    var = s[:k] ** 2 / max(x.shape[0] - 1, 1)
+    # deterministic sign
+    idx = comps.abs().argmax(1)
+    signs = torch.sign(comps[torch.arange(k), idx])
+    signs[signs == 0] = 1
+    comps = comps * signs[:, None]
+    if k < n_components:
+        pad = n_components - k
+        comps = torch.cat([comps, comps.new_zeros(pad, x.shape[1])])
+        var = torch.cat([var, var.new_zeros(pad)])
+    return mean, comps, var
+
+
+def _minmax(v: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
+    lo = v.amin(dim=dim, keepdim=True)
+    hi = v.amax(dim=dim, keepdim=True)
+    rng = hi - lo
+    # a constant component carries no information: map it to 0 instead of dividing by zero
+    return torch.where(rng > 0, (v - lo) / rng.clamp_min(torch.finfo(v.dtype).tiny), torch.zeros_like(v))
+
+
+def _border_mask(grid: tuple[int, int], device) -> torch.Tensor:
+    h, w = grid
+    m = torch.zeros(h, w, dtype=torch.bool, device=device)
+    m[0, :] = m[-1, :] = m[:, 0] = m[:, -1] = True
+    return m.flatten()
+
+
+def _check(patch: torch.Tensor, grid: tuple[int, int]) -> tuple[int, int]:
+    if patch.ndim != 3:
+        raise ValueError(f"expected patch tokens of shape (B, N, D), got {tuple(patch.shape)}")
+    h, w = int(grid[0]), int(grid[1])
+    if h * w != patch.shape[1]:
+        raise ValueError(f"grid {h}x{w} = {h * w} patches does not match N = {patch.shape[1]} patch tokens")
+    return h, w
+
+
+def foreground_mask(patch: torch.Tensor, grid: tuple[int, int], threshold: float = 0.5,
+                    joint: bool = True) -> torch.Tensor:
+    """(B, N) boolean foreground mask: first principal component, min-max scaled to [0, 1], above ``threshold``.
+
+    The component is oriented so that border patches score lower than the rest (see module docstring).
+    """
+    h, w = _check(patch, grid)
+    B, N, D = patch.shape
+    border = _border_mask((h, w), patch.device)
+    x = patch.detach().to(torch.float64)
+    groups = [x.reshape(B * N, D)] if joint else [x[b] for b in range(B)]
+    scores = []
+    for g in groups:
+        mean, comps, _ = pca_fit(g, 1)
+        s = ((g - mean) @ comps[0]).reshape(-1, N)
+        if border.any() and (~border).any() and s[:, border].mean() > s[:, ~border].mean():
+            s = -s
+        scores.append(s)
+    s = torch.cat(scores)
+    s = _minmax(s, dim=(0, 1)) if joint else _minmax(s, dim=1)
+    return s > threshold
+
+
+def pca_rgb(patch: torch.Tensor, grid: tuple[int, int], n_components: int = 3,
+            fg_threshold: float | None = None, joint: bool = True) -> torch.Tensor:
+    """First ``n_components`` principal components of patch features as an image: (B, n_components, h, w) in [0, 1].
+
+    patch: (B, N, D) patch tokens, row-major over the (h, w) grid (``model.extract(...)[-1]["patch"]``).
+    joint: fit one PCA over all B images (colours comparable across the set) or one per image.
+    fg_threshold: if given, patches whose scaled first component is <= threshold are background (black) and the
+        colours come from a PCA fitted on the foreground patches only.
+    """
+    h, w = _check(patch, grid)
+    if n_components < 1:
+        raise ValueError(f"n_components must be >= 1, got {n_components}")
+    B, N, D = patch.shape
+    x = patch.detach().to(torch.float64)
+    fg = foreground_mask(patch, (h, w), fg_threshold, joint) if fg_threshold is not None else \
+        torch.ones(B, N, dtype=torch.bool, device=patch.device)
+    out = torch.zeros(B, N, n_components, dtype=torch.float64, device=patch.device)
+    groups = [torch.arange(B)] if joint else [torch.tensor([b]) for b in range(B)]
+    for bs in groups:
+        sel = fg[bs]  # (b, N)
+        rows = x[bs][sel]  # (M, D) foreground patches of this group
+        if rows.shape[0] == 0:
+            continue
+        mean, comps, _ = pca_fit(rows, n_components)
+        proj = _minmax((rows - mean) @ comps.T, dim=0)
+        sub = out[bs]
+        sub[sel] = proj
+        out[bs] = sub
+    return out.permute(0, 2, 1).reshape(B, n_components, h, w).to(torch.float32)
