@@ -6,12 +6,13 @@ an item is a dict ("image" uint8 (3, H, W), "mask" int64 ignore 255, "depth" flo
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .ade20k import ADE20KDataset
 from .base import IGNORE_INDEX, BaseDataset
 from .cityscapes import CityscapesDataset
+from .demo.layouts import seg_palette
+from .demo.scenes import SEG_CLASSES
 from .errors import (CorruptFileError, DatasetError, DepthFormatError, EmptyDatasetError, LabelRangeError,
                      MissingDataError, SampleError, SizeMismatchError, SplitFileError, UnknownDatasetError)
 from .imagenet import ImageNetDataset
@@ -28,18 +29,13 @@ class DemoClsDataset(ImageNetDataset):
 
 
 class DemoVOCDataset(VOCDataset):
-    """VOC layout with the demo's own classes (classes.json next to VOCdevkit: 0 background + 8 shapes)."""
+    """VOC layout with the demo's own classes (0 background + 8 shapes), fixed by the demo generator's class
+    table (``datamodules/demo/scenes.py``; ``classes.json`` next to VOCdevkit records the same)."""
 
     name = "demo_voc"
     OFFICIAL_COUNTS = {}
-
-    def __init__(self, root, split="train", transform=None, skip_corrupt=False, **kw):
-        super().__init__(root, split, transform, skip_corrupt, **kw)
-        meta = self.voc.parent.parent / "classes.json"
-        if meta.is_file():
-            info = json.loads(meta.read_text())
-            self.METAINFO = {"classes": tuple(info["seg_classes"]), "palette": tuple(map(tuple, info["palette"]))}
-            self.NUM_CLASSES = len(info["seg_classes"])
+    METAINFO = {"classes": tuple(SEG_CLASSES), "palette": tuple(tuple(c) for c in seg_palette())}
+    NUM_CLASSES = len(SEG_CLASSES)
 
 
 class DemoNYUDataset(NYUv2Dataset):

@@ -57,7 +57,7 @@ def check_split(ds, jobs: int, limit: int | None, progress=None) -> tuple[int, l
     return len(records), problems
 
 
-def main(argv=None) -> int:
+def _parse_args(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m datamodules.check", description=__doc__.split("\n\n")[0])
     p.add_argument("--task", required=False, default="", help=f"dataset: {', '.join(DATASETS)}")
     p.add_argument("--data-root", default="", help="dataset folder (DATA_ROOT); '' for demo_* = data/demo")
@@ -68,13 +68,71 @@ def main(argv=None) -> int:
     p.add_argument("--strict-counts", action="store_true", help="a count different from the official one is an error")
     p.add_argument("--require-all", action="store_true", help="a standard split that is absent is an error")
     p.add_argument("--no-progress", action="store_true")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def _open_split(name: str, split: str, args):
+    extra = {"split_file": args.split_file} if args.split_file else {}
+    if name in ("voc", "demo_voc"):
+        ds0 = build_dataset(name, args.data_root, split, **extra)
+        if (ds0.voc / "Annotations").is_dir():
+            extra["boxes"] = True  # parse the box XMLs too
+    return build_dataset(name, args.data_root, split, **extra)
+
+
+def _check_splits(name: str, splits, args, console, progress):
+    """-> (table rows, [(split, message)], number of errors)."""
+    rows, problems, errors = [], [], 0
+    for split in splits:
+        try:
+            ds = _open_split(name, split, args)
+        except DatasetError as e:
+            explicit = bool(args.split) or args.require_all
+            first = str(e).splitlines()[0]
+            status = "[red]ERROR[/red]" if explicit else "[yellow]absent[/yellow]"
+            rows.append((split, "-", _official(name, split) or "-", status))
+            if explicit or "DATA_ROOT" in first and "not set" in first:
+                problems.append((split, str(e)))
+                errors += 1
+            else:
+                console.print(f"split {split!r} not checked: {first}", style="yellow", markup=False, soft_wrap=True)
+            continue
+        n, probs = check_split(ds, args.jobs, args.limit, progress)
+        official = _official(name, split, ds)
+        status = "[green]ok[/green]" if not probs else f"[red]{len(probs)} bad[/red]"
+        if official and len(ds) != official and not args.limit:
+            status += " [yellow](count differs from official)[/yellow]"
+            if args.strict_counts:
+                errors += 1
+        note = f" ({ds.num_lines} lines, {ds.num_without_gt} without ground truth)" if hasattr(ds, "num_without_gt") else ""
+        rows.append((split, f"{n}{'' if n == len(ds) else f'/{len(ds)}'}{note}", official or "-", status))
+        problems += [(split, f"{path}: {msg}" if not msg.startswith(path) else msg) for path, msg in probs]
+        errors += len(probs)
+    return rows, problems, errors
+
+
+def _report(console, title: str, rows, problems, errors: int) -> int:
+    from rich.table import Table
+    table = Table(title=title)
+    for col in ("split", "found", "official", "status"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*(str(x) for x in r))
+    console.print(table)
+    for split, msg in problems:
+        console.print(f"{split}: {msg}", markup=False, highlight=False, soft_wrap=True)
+    if not [r for r in rows if r[1] != "-"]:
+        console.print("nothing to check: no split found", style="red")
+        return 1
+    console.print(f"{'FAILED' if errors else 'OK'}: {errors} problem(s)", style="red" if errors else "green")
+    return 1 if errors else 0
+
+
+def main(argv=None) -> int:
+    args = _parse_args(argv)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-    from rich.table import Table
     console = Console()
-
     if not args.task:
         console.print(f"[red]--task is required (make check-data TASK=<name>); valid: {', '.join(DATASETS)}[/red]")
         return 2
@@ -84,60 +142,12 @@ def main(argv=None) -> int:
         console.print(f"[red]{e}[/red]")
         return 2
     splits = args.split or list(CHECK_SPLITS.get(name, ("train", "val")))
-    kw = {"split_file": args.split_file} if args.split_file else {}
-
-    rows, problems, errors = [], [], 0
     progress = None if args.no_progress else Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
         console=console, transient=True)
     with (progress or _Null()):
-        for split in splits:
-            try:
-                extra = dict(kw)
-                if name in ("voc", "demo_voc"):
-                    ds0 = build_dataset(name, args.data_root, split, **extra)
-                    if (ds0.voc / "Annotations").is_dir():
-                        extra["boxes"] = True  # parse the box XMLs too
-                ds = build_dataset(name, args.data_root, split, **extra)
-            except DatasetError as e:
-                explicit = bool(args.split) or args.require_all
-                first = str(e).splitlines()[0]
-                status = "[red]ERROR[/red]" if explicit else "[yellow]absent[/yellow]"
-                rows.append((split, "-", _official(name, split) or "-", status))
-                if explicit or "DATA_ROOT" in first and "not set" in first:
-                    problems.append((split, str(e)))
-                    errors += 1
-                else:
-                    console.print(f"split {split!r} not checked: {first}", style="yellow", markup=False, soft_wrap=True)
-                continue
-            n, probs = check_split(ds, args.jobs, args.limit, progress)
-            official = _official(name, split, ds)
-            status = "[green]ok[/green]" if not probs else f"[red]{len(probs)} bad[/red]"
-            if official and len(ds) != official and not args.limit:
-                status += " [yellow](count differs from official)[/yellow]"
-                if args.strict_counts:
-                    errors += 1
-            note = ""
-            if hasattr(ds, "num_without_gt"):
-                note = f" ({ds.num_lines} lines, {ds.num_without_gt} without ground truth)"
-            rows.append((split, f"{n}{'' if n == len(ds) else f'/{len(ds)}'}{note}", official or "-", status))
-            problems += [(split, f"{path}: {msg}" if not msg.startswith(path) else msg) for path, msg in probs]
-            errors += len(probs)
-
-    table = Table(title=f"{name} @ {args.data_root or '(demo)'}")
-    for col in ("split", "found", "official", "status"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(*(str(x) for x in r))
-    console.print(table)
-    for split, msg in problems:
-        console.print(f"{split}: {msg}", markup=False, highlight=False, soft_wrap=True)
-    checked = [r for r in rows if r[1] != "-"]
-    if not checked:
-        console.print("nothing to check: no split found", style="red")
-        return 1
-    console.print(f"{'FAILED' if errors else 'OK'}: {errors} problem(s)", style="red" if errors else "green")
-    return 1 if errors else 0
+        rows, problems, errors = _check_splits(name, splits, args, console, progress)
+    return _report(console, f"{name} @ {args.data_root or '(demo)'}", rows, problems, errors)
 
 
 def _official(name: str, split: str, ds=None):

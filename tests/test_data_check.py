@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from datamodules import miniature as mini
+from helpers import miniature as mini
 from datamodules.check import main
 
 FIX = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"

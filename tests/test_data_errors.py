@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from datamodules import build_dataset, miniature as mini
+from datamodules import build_dataset
+from helpers import miniature as mini
 from datamodules.errors import (CorruptFileError, DatasetError, DepthFormatError, EmptyDatasetError,
                                 LabelRangeError, MissingDataError, SizeMismatchError, SplitFileError,
                                 UnknownDatasetError)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from datamodules import build_dataset, miniature as mini
+from datamodules import build_dataset
+from helpers import miniature as mini
 
 
 def test_voc_and_voc_aug(tmp_path):

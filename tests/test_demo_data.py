@@ -12,6 +12,8 @@ import torch
 from PIL import Image
 
 from datamodules import demo
+from datamodules.demo import cache, layouts, scenes
+from datamodules.voc import voc_palette
 from datamodules.demo import CLASS_NAMES, IGNORE_INDEX, MARKER, SEG_CLASSES, DemoSpec, ensure_demo_data
 
 SMALL = DemoSpec(cls_train=3, cls_val=2, voc_train=6, voc_val=3, nyu_train=3, nyu_test=2)
@@ -54,12 +56,12 @@ def test_layout_counts_and_metadata(small_root):
     assert meta["palette"][:3] == [[0, 0, 0], [128, 0, 0], [0, 128, 0]]  # VOC colour map
     marker = json.loads((r / MARKER).read_text())
     assert marker["files"] == sum(len(f) for _, _, f in os.walk(r)) - 1
-    assert marker["sha256"] == demo._digest(r)[0]
+    assert marker["sha256"] == cache._digest(r)[0]
 
 
 def test_voc_masks_instances_and_boxes_agree(small_root):
     voc = small_root / "VOCdevkit" / "VOC2012"
-    pal = demo.voc_palette()
+    pal = voc_palette()
     n_objects = 0
     for xml in sorted((voc / "Annotations").glob("*.xml")):
         name = xml.stem
@@ -92,10 +94,10 @@ def test_voc_masks_instances_and_boxes_agree(small_root):
             assert 1 <= x0 <= x1 <= 128 and 1 <= y0 <= y1 <= 128
             # and the box is exactly the tight box of the object before the cut (same scene re-rendered)
             split, idx = name.split("_")[1], int(name.split("_")[2])
-            _, label2, inst2, objects2, full = demo.render_segmentation(
-                demo._rng(SMALL, {"train": 3, "val": 4}[split], idx), 128)
+            _, label2, inst2, objects2, full = scenes.render_segmentation(
+                layouts._rng(SMALL, {"train": 3, "val": 4}[split], idx), 128)
             assert np.array_equal(label2, label) and np.array_equal(inst2, inst)
-            assert objects2[k - 1][1] == (x0, y0, x1, y1) == demo.voc_box(full == k)
+            assert objects2[k - 1][1] == (x0, y0, x1, y1) == scenes.voc_box(full == k)
             n_objects += 1
         # the object pixels really carry the class colour: saturated, unlike the grey clutter background
         hsv = np.array(img.convert("HSV")).astype(float)
@@ -131,10 +133,10 @@ def test_nyu_depth_pngs_and_mmseg_listing(small_root):
 def test_voc_box_is_one_based_inclusive():
     m = np.zeros((10, 12), bool)
     m[2:5, 3:9] = True  # rows 2..4, cols 3..8 (0-based)
-    assert demo.voc_box(m) == (4, 3, 9, 5)
+    assert scenes.voc_box(m) == (4, 3, 9, 5)
     m[:] = False
     m[0, 0] = m[9, 11] = True
-    assert demo.voc_box(m) == (1, 1, 12, 10)
+    assert scenes.voc_box(m) == (1, 1, 12, 10)
 
 
 def test_same_bytes_every_run_and_seed_matters(small_root, tmp_path):
@@ -170,7 +172,7 @@ def test_marker_regeneration_and_atomic_swap(tmp_path):
     # another spec, or data drawn by another version of the generator, is stale
     assert not demo.is_complete(root, DemoSpec(**{**SMALL.__dict__, "cls_val": 1}))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(demo, "_SOURCE_DIGEST", b"edited generator")
+        mp.setattr(layouts, "_SOURCE_DIGEST", b"edited generator")
         assert not demo.is_complete(root, SMALL)
     assert demo.is_complete(root, SMALL)
     # force regenerates even when complete
@@ -184,7 +186,7 @@ def test_marker_regeneration_and_atomic_swap(tmp_path):
 def test_cli_default_root(tmp_path, monkeypatch, capsys):
     from tokenmix import paths
     monkeypatch.setattr(paths, "DEMO_ROOT", tmp_path / "data" / "demo")
-    monkeypatch.setattr(demo, "DEFAULT_SPEC", SMALL)
+    monkeypatch.setattr(cache, "DEFAULT_SPEC", SMALL)
     assert demo.main([]) == 0
     out = capsys.readouterr().out
     assert str(tmp_path / "data" / "demo") in out and f"{8 * SMALL.cls_train} train" in out
@@ -200,7 +202,7 @@ def test_shapes_have_their_designed_areas():
     expected = {"disc": np.pi, "square": 1.6 ** 2, "diamond": 2 * 0.62, "ring": np.pi * (1 - 0.55 ** 2),
                 "triangle": 3 * np.sqrt(3) / 4, "cross": 2 * (0.64 * 1.9) - 0.64 ** 2, "bar": np.pi * 0.42}
     for shape, area in expected.items():
-        got = demo.shape_mask(shape, u, v).sum() * cell
+        got = scenes.shape_mask(shape, u, v).sum() * cell
         assert abs(got - area) < 0.01 * area, (shape, got, area)
     # every class is a different (shape, texture) pair and its own hue
     assert len({(s, t) for _, s, _, t in demo.CLASSES}) == len({s for _, s, _, _ in demo.CLASSES}) == 8
@@ -211,7 +213,7 @@ def test_learnable_but_not_solved_by_colour(tmp_path):
     """Raw pixels separate the classes well above chance, but not perfectly: colour alone is not enough
     (neighbouring hues overlap), so a feature extractor has something left to learn."""
     spec = DemoSpec(cls_train=20, cls_val=8)
-    demo.write_imagefolder(tmp_path, spec)
+    layouts.write_imagefolder(tmp_path, spec)
 
     def load(split):
         xs, ys = [], []
@@ -236,3 +238,13 @@ def test_learnable_but_not_solved_by_colour(tmp_path):
     print(f"raw-pixel k-NN {raw:.3f}, mean-colour k-NN {colour:.3f}")
     assert 0.3 < raw < 0.9, raw  # chance is 0.125
     assert colour < 0.9, colour
+
+
+def test_demo_voc_classes_are_class_constants_matching_classes_json(small_root):
+    from datamodules import build_dataset
+    meta = json.loads((small_root / "classes.json").read_text())
+    ds = build_dataset("demo_voc", small_root, "val")
+    assert "METAINFO" not in vars(ds) and "NUM_CLASSES" not in vars(ds)  # nothing rewritten per instance
+    assert list(ds.classes) == meta["seg_classes"] and ds.NUM_CLASSES == len(meta["seg_classes"]) == 9
+    assert [list(c) for c in ds.METAINFO["palette"]] == meta["palette"]
+    assert ds[0]["mask"].max() < 9 or ds[0]["mask"].max() == IGNORE_INDEX

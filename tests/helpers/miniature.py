@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .voc import voc_palette
+from datamodules.voc import voc_palette
 
 H, W = 32, 40
 
@@ -96,7 +96,7 @@ def write_ade20k(root: Path, n=(2, 2), seed=0) -> dict:
 
 
 def write_cityscapes(root: Path, with_train_ids=True, seed=0) -> dict:
-    from .cityscapes import ID_TO_TRAINID
+    from datamodules.cityscapes import ID_TO_TRAINID
     rng, root = _rng(seed), Path(root)
     gt = {}
     for split, n in (("train", 2), ("val", 1)):

@@ -1,0 +1,254 @@
+"""Drawing the demo scenes: the class table and float RGB images in [0, 1] of shape (H, W, 3), from a numpy
+Generator. Objects of 8 classes (each its own shape, colour and texture) on cluttered backgrounds drawn by one
+clutter process with the same statistics in every image (a per-image background would be the shortcut DINO
+learns). ``render_classification`` / ``render_segmentation`` / ``render_depth`` give one sample of each layout.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# name (alphabetical, so ImageFolder's sorted class index == position here), shape, hue, texture
+CLASSES: list[tuple[str, str, float, str]] = [
+    ("bar", "bar", 0.875, "diagonal"),       # pink
+    ("cross", "cross", 0.375, "solid"),      # green
+    ("diamond", "diamond", 0.625, "checker"),  # blue
+    ("disc", "disc", 0.000, "dots"),          # red
+    ("ring", "ring", 0.500, "stripes_v"),     # cyan
+    ("square", "square", 0.125, "stripes_h"),  # orange
+    ("star", "star", 0.750, "grid"),          # purple
+    ("triangle", "triangle", 0.250, "rings"),  # yellow-green
+]
+# Per-instance colour: class hue +- HUE_JITTER. Neighbouring classes overlap in colour, so colour alone
+# does not solve the task (shape and texture are needed): raw-pixel k-NN stays far below 100%.
+HUE_JITTER = 0.09
+CLUTTER_MAX_SAT = 0.45
+CLASS_NAMES = [c[0] for c in CLASSES]
+SEG_CLASSES = ["background"] + CLASS_NAMES  # VOC convention: 0 background, 255 ignore
+IGNORE_INDEX = 255
+NYU_SCENE = "playroom"  # one of mmseg NYUDataset's scene names; file names are <scene>_<5 digits>
+
+
+def hsv_to_rgb(h, s, v):
+    """Vectorised HSV -> RGB (numpy arrays or scalars, h in [0, 1))."""
+    h = np.asarray(h, dtype=np.float64)
+    k = np.stack([(5 + h * 6) % 6, (3 + h * 6) % 6, (1 + h * 6) % 6], -1)
+    ramp = np.clip(np.minimum(k, 4 - k), 0, 1)
+    v = np.asarray(v, dtype=np.float64)[..., None]
+    s = np.asarray(s, dtype=np.float64)[..., None]
+    return v - v * s * ramp
+
+
+def background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """The shared clutter process: grey-beige base, fine noise, many small desaturated blobs and strokes.
+
+    Same statistics in every image; nothing image-specific at low frequency for DINO to latch on to.
+    """
+    img = np.empty((h, w, 3))
+    img[:] = (0.52, 0.50, 0.47)
+    img += rng.normal(0, 0.035, (h, w, 1)) + rng.normal(0, 0.015, (h, w, 3))
+    scale = min(h, w) / 64.0
+    n = int(round(28 * h * w / 64 ** 2))
+    # all random draws first (fixed order), then each item painted in its own small window
+    cols = hsv_to_rgb(rng.random(n), rng.uniform(0.0, CLUTTER_MAX_SAT, n), rng.uniform(0.3, 0.8, n))
+    cy, cx = rng.uniform(0, h, n), rng.uniform(0, w, n)
+    blob = rng.random(n) < 0.5
+    r = rng.uniform(1.0, 3.5, n) * scale
+    t = rng.uniform(0, np.pi, n)
+    length, width = rng.uniform(3, 9, n) * scale, rng.uniform(0.5, 1.3, n) * scale
+    ct, st = np.cos(t), np.sin(t)
+    ext = np.where(blob, r, (length + width) / 2)
+    y0 = np.clip(np.floor(cy - ext), 0, h).astype(int)
+    y1 = np.clip(np.ceil(cy + ext) + 1, 0, h).astype(int)
+    x0 = np.clip(np.floor(cx - ext), 0, w).astype(int)
+    x1 = np.clip(np.ceil(cx + ext) + 1, 0, w).astype(int)
+    ys, xs = np.arange(h, dtype=float), np.arange(w, dtype=float)
+    for k in range(n):
+        if y0[k] >= y1[k] or x0[k] >= x1[k]:
+            continue
+        dy = (ys[y0[k]:y1[k]] - cy[k])[:, None]
+        dx = (xs[x0[k]:x1[k]] - cx[k])[None, :]
+        if blob[k]:
+            m = dx * dx + dy * dy <= r[k] * r[k]
+        else:
+            m = (np.abs(dx * ct[k] + dy * st[k]) <= length[k] / 2) & (np.abs(dy * ct[k] - dx * st[k]) <= width[k] / 2)
+        img[y0[k]:y1[k], x0[k]:x1[k]][m] = cols[k]
+    return img
+
+
+def shape_mask(shape: str, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Inside test in object coordinates (the object spans about [-1, 1]^2)."""
+    rho = np.hypot(u, v)
+    if shape == "disc":
+        return rho <= 1
+    if shape == "square":
+        return np.maximum(np.abs(u), np.abs(v)) <= 0.8
+    if shape == "triangle":  # equilateral, circumradius 1
+        return (v <= 0.5) & (-0.866 * u - 0.5 * v <= 0.5) & (0.866 * u - 0.5 * v <= 0.5)
+    if shape == "cross":
+        return ((np.abs(u) <= 0.32) & (np.abs(v) <= 0.95)) | ((np.abs(v) <= 0.32) & (np.abs(u) <= 0.95))
+    if shape == "ring":
+        return (rho <= 1) & (rho >= 0.55)
+    if shape == "diamond":
+        return np.abs(u) + np.abs(v) / 0.62 <= 1  # a rhombus, so it is not a rotated square
+    if shape == "star":  # five lobes
+        return rho <= 0.62 + 0.36 * np.cos(5 * np.arctan2(v, u))
+    if shape == "bar":
+        return (u / 1.0) ** 2 + (v / 0.42) ** 2 <= 1
+    raise ValueError(f"unknown demo shape {shape!r}")
+
+
+def texture(kind: str, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """1 where the pattern darkens the object, 0 elsewhere (object coordinates, ~4 periods across)."""
+    f = 2.2  # periods per unit
+    if kind == "solid":
+        return np.zeros_like(u)
+    if kind == "stripes_h":
+        return (np.floor(v * f * 2) % 2).astype(float)
+    if kind == "stripes_v":
+        return (np.floor(u * f * 2) % 2).astype(float)
+    if kind == "diagonal":
+        return (np.floor((u + v) * f * 1.5) % 2).astype(float)
+    if kind == "checker":
+        return ((np.floor(u * f * 1.5) + np.floor(v * f * 1.5)) % 2).astype(float)
+    if kind == "dots":
+        pu, pv = (u * f) % 1 - 0.5, (v * f) % 1 - 0.5
+        return (pu ** 2 + pv ** 2 <= 0.09).astype(float)
+    if kind == "grid":
+        pu, pv = (u * f) % 1, (v * f) % 1
+        return ((pu < 0.25) | (pv < 0.25)).astype(float)
+    if kind == "rings":
+        return (np.floor(np.hypot(u, v) * f * 2.5) % 2).astype(float)
+    raise ValueError(f"unknown demo texture {kind!r}")
+
+
+def draw_object(img: np.ndarray, rng: np.random.Generator, cls: int, cx: float, cy: float, radius: float,
+                angle: float | None = None) -> np.ndarray:
+    """Paint one object of class ``cls`` in place; return its (full-size) boolean mask."""
+    _, shape, hue, tex = CLASSES[cls]
+    h, w = img.shape[:2]
+    if angle is None:
+        angle = rng.uniform(0, 2 * np.pi)
+    # colour of this instance: class hue with a small jitter, strong saturation
+    base = hsv_to_rgb((hue + rng.uniform(-HUE_JITTER, HUE_JITTER)) % 1.0, rng.uniform(0.5, 0.95),
+                      rng.uniform(0.6, 0.95))
+    mask = np.zeros((h, w), dtype=bool)
+    y0, y1 = max(0, int(cy - radius) - 1), min(h, int(np.ceil(cy + radius)) + 2)
+    x0, x1 = max(0, int(cx - radius) - 1), min(w, int(np.ceil(cx + radius)) + 2)
+    if y0 >= y1 or x0 >= x1:
+        return mask
+    yy, xx = np.mgrid[y0:y1, x0:x1] + 0.5
+    dx, dy = (xx - cx) / radius, (yy - cy) / radius
+    ca, sa = np.cos(angle), np.sin(angle)
+    u, v = dx * ca + dy * sa, -dx * sa + dy * ca
+    m = shape_mask(shape, u, v)
+    shade = 1.0 - 0.5 * texture(tex, u, v)
+    light = 1.0 + 0.12 * (u * 0.6 - v * 0.8)  # soft directional light, the same for every class
+    patch = base * (shade * light)[..., None] + rng.normal(0, 0.02, m.shape + (3,))
+    img[y0:y1, x0:x1][m] = patch[m]
+    mask[y0:y1, x0:x1] = m
+    return mask
+
+
+def to_uint8(img: np.ndarray) -> np.ndarray:
+    return (np.clip(img, 0, 1) * 255 + 0.5).astype(np.uint8)
+
+
+def render_classification(rng: np.random.Generator, size: int, cls: int) -> np.ndarray:
+    """One object of class ``cls``, random pose, on the shared background."""
+    img = background(rng, size, size)
+    r = rng.uniform(0.2, 0.34) * size
+    cx, cy = rng.uniform(0.75 * r, size - 0.75 * r), rng.uniform(0.75 * r, size - 0.75 * r)
+    draw_object(img, rng, cls, cx, cy, r)
+    return to_uint8(img)
+
+
+def label_borders(label: np.ndarray) -> np.ndarray:
+    """Pixels whose 3x3 neighbourhood holds another label (VOC marks object contours as void)."""
+    p = np.pad(label, 1, mode="edge")
+    h, w = label.shape
+    border = np.zeros_like(label, dtype=bool)
+    for dy in (0, 1, 2):
+        for dx in (0, 1, 2):
+            border |= p[dy:dy + h, dx:dx + w] != label
+    return border
+
+
+def voc_box(mask: np.ndarray) -> tuple[int, int, int, int]:
+    """Tight box of a boolean mask in VOC convention: (xmin, ymin, xmax, ymax), 1-based, inclusive."""
+    ys, xs = np.nonzero(mask)
+    return int(xs.min()) + 1, int(ys.min()) + 1, int(xs.max()) + 1, int(ys.max()) + 1
+
+
+def render_segmentation(rng: np.random.Generator, size: int):
+    """Multi-object scene -> (image uint8, class label, instance label, objects [(cls, box, truncated)], instances).
+
+    ``instances``: instance ids before the void border was cut (the boxes are taken from it).
+    """
+    img = background(rng, size, size)
+    n = int(rng.choice([1, 2, 3, 4], p=[0.25, 0.35, 0.25, 0.15]))
+    inst = np.zeros((size, size), dtype=np.int32)
+    classes = []
+    for k in range(n):
+        cls = int(rng.integers(len(CLASSES)))
+        r = rng.uniform(0.12, 0.26) * size
+        cx, cy = rng.uniform(0.5 * r, size - 0.5 * r), rng.uniform(0.5 * r, size - 0.5 * r)
+        m = draw_object(img, rng, cls, cx, cy, r)
+        inst[m] = k + 1  # later objects occlude earlier ones
+        classes.append(cls)
+    label = np.zeros((size, size), dtype=np.uint8)
+    objects, kept = [], np.zeros_like(inst)
+    for k, cls in enumerate(classes):
+        m = inst == k + 1
+        if m.sum() < 12:  # (almost) hidden: leave it to the background class
+            continue
+        label[m] = cls + 1
+        kept[m] = len(objects) + 1
+        box = voc_box(m)
+        truncated = int(box[0] == 1 or box[1] == 1 or box[2] == size or box[3] == size)
+        objects.append((cls, box, truncated))
+    border = label_borders(kept)
+    label[border] = IGNORE_INDEX
+    inst_label = kept.astype(np.uint8)
+    inst_label[border] = IGNORE_INDEX
+    return to_uint8(img), label, inst_label, objects, kept
+
+
+def render_depth(rng: np.random.Generator, h: int, w: int):
+    """Room scene: back wall, tiled floor in perspective, objects standing on the floor.
+
+    Returns (image uint8 (h, w, 3), depth in millimetres uint16 (h, w)), depth within 0.5..10 m.
+    Cues a probe can learn: floor row -> depth, tile size, object size and foot row.
+    """
+    cam_h = 1.2  # camera height (m)
+    horizon = rng.uniform(0.32, 0.48) * h
+    z_bottom = rng.uniform(0.8, 1.1)  # depth of the floor at the bottom row (m)
+    f = z_bottom * (h - horizon) / cam_h  # focal length (px) that puts that floor point on the last row
+    z_wall = rng.uniform(5.5, 9.5)
+    yy, xx = np.mgrid[0:h, 0:w] + 0.5
+    with np.errstate(divide="ignore"):
+        z_floor = np.where(yy > horizon, f * cam_h / np.maximum(yy - horizon, 1e-6), np.inf)
+    depth = np.minimum(z_floor, z_wall)
+    img = background(rng, h, w)  # the wall
+    floor = z_floor < z_wall
+    # floor tiles in world coordinates: their image size shrinks with distance
+    zf = np.where(floor, z_floor, 1.0)  # finite everywhere (only floor pixels are used)
+    X = (xx - w / 2) * zf / f
+    tile = rng.uniform(0.4, 0.6)
+    tiles = (np.floor(X / tile) + np.floor(zf / tile)) % 2
+    floor_col = hsv_to_rgb(rng.uniform(0.05, 0.12), rng.uniform(0.15, 0.35), 0.55)
+    floor_img = floor_col * (0.8 + 0.25 * tiles)[..., None] + rng.normal(0, 0.02, (h, w, 3))
+    img[floor] = floor_img[floor]
+    # objects far to near (painter's order)
+    n = int(rng.integers(1, 5))
+    zs = np.sort(rng.uniform(1.0, min(4.5, z_wall - 0.5), n))[::-1]
+    for z in zs:
+        size_m = rng.uniform(0.3, 0.6)
+        r = f * size_m / z
+        foot = horizon + f * cam_h / z
+        cx, cy = rng.uniform(0, w), foot - r
+        m = draw_object(img, rng, int(rng.integers(len(CLASSES))), cx, cy, r, angle=rng.uniform(-0.4, 0.4))
+        # the object bulges towards the camera in its middle
+        rho2 = np.clip(((xx - cx) ** 2 + (yy - cy) ** 2) / (r * r), 0, 1)
+        depth = np.where(m, z - 0.5 * size_m * (1 - rho2), depth)
+    depth_mm = np.clip(np.round(depth * 1000), 500, 10000).astype(np.uint16)
+    return to_uint8(img), depth_mm
