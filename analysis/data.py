@@ -13,7 +13,8 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from datamodules.transforms.views import eval_resize as default_resize, eval_view, normalize
+from datamodules.transforms.views import eval_resize as default_resize  # noqa: F401 (analysis.run's default)
+from datamodules.transforms.views import eval_view, normalize
 
 from .boxes import ResizeCrop, map_boxes, resize_crop_params
 

@@ -104,7 +104,9 @@ def _check_splits(name: str, splits, args, console, progress):
             status += " [yellow](count differs from official)[/yellow]"
             if args.strict_counts:
                 errors += 1
-        note = f" ({ds.num_lines} lines, {ds.num_without_gt} without ground truth)" if hasattr(ds, "num_without_gt") else ""
+        note = ""
+        if hasattr(ds, "num_without_gt"):
+            note = f" ({ds.num_lines} lines, {ds.num_without_gt} without ground truth)"
         rows.append((split, f"{n}{'' if n == len(ds) else f'/{len(ds)}'}{note}", official or "-", status))
         problems += [(split, f"{path}: {msg}" if not msg.startswith(path) else msg) for path, msg in probs]
         errors += len(probs)

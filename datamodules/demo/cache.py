@@ -121,7 +121,8 @@ def summary(root: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m datamodules.demo", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m datamodules.demo", description="Built-in demo data: synthetic "
+                                 "scenes generated on first use, deterministic, in seconds, no download.")
     ap.add_argument("--root", default="", help=f"output folder (default {paths.DEMO_ROOT}, env TOKENMIX_DEMO_ROOT)")
     ap.add_argument("--force", action="store_true", help="regenerate even if complete")
     args = ap.parse_args(argv)
