@@ -77,7 +77,7 @@ def _rebuild(bound: tuple) -> "TokenMixAttention":
 @lru_cache(maxsize=None)
 def _bound_class(bound: tuple) -> type:
     def __reduce_ex__(self, protocol):  # pickle by its arguments: the class itself is made here, not importable
-        return _rebuild, (bound,), self.__dict__
+        return _rebuild, (bound,), self.__getstate__()
 
     return type("TokenMixAttention", (TokenMixAttention,),
                 {"__init__": partialmethod(TokenMixAttention.__init__, **dict(bound)), "__reduce_ex__": __reduce_ex__,
