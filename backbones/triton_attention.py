@@ -58,6 +58,14 @@ def available(x: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
+    def _dot(a, b, PREC: tl.constexpr):
+        """a @ b, fp32 accumulation. PREC "upcast": in fp32 from bf16 operands (same products; the interpreter's
+        bf16 dot is wrong), "ieee": exact fp32 (no TF32 for fp32 inputs), "tf32": the 16-bit tensor-core dot."""
+        if PREC == "upcast":
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return tl.dot(a, b, input_precision=PREC)
+
+    @triton.jit
     def _z_block(q, K, kv_off, start, m, scale, M, D: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_D: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr):
         """Scores s = (q k^T) * scale of one key block, z = (s - m)/2 or s - m; keys past M get -inf."""
@@ -65,7 +73,7 @@ if triton is not None:
         offs_d = tl.arange(0, BLOCK_D)
         k = tl.load(K + kv_off + offs_n[:, None] * D + offs_d[None, :],
                     mask=(offs_n[:, None] < M) & (offs_d[None, :] < D), other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+        s = _dot(q, tl.trans(k), PREC) * scale
         s = tl.where(offs_n[None, :] < M, s, float("-inf"))
         z = s - m[:, None]
         if ENTMAX:
@@ -162,8 +170,8 @@ if triton is not None:
             offs_n = start + tl.arange(0, BLOCK_N)
             v = tl.load(V + v_off + offs_n[:, None] * DV + offs_dv[None, :],
                         mask=(offs_n[:, None] < M) & (offs_dv[None, :] < DV), other=0.0)
-            acc += tl.dot(p.to(v.dtype), v, input_precision=PREC)
-            acc_g += tl.dot(g.to(v.dtype), v, input_precision=PREC)
+            acc += _dot(p.to(v.dtype), v, PREC)
+            acc_g += _dot(g.to(v.dtype), v, PREC)
             g_sum += tl.sum(g, 1)
         out_mask = (offs_m[:, None] < N) & (offs_dv[None, :] < DV)
         o_ptrs = bh * N * DV + offs_m[:, None] * DV + offs_dv[None, :]
@@ -197,12 +205,12 @@ if triton is not None:
             PREC: tl.constexpr):
         """p and ds = d loss / d s (the scaled scores) for one (query block, key block) tile."""
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+        s = _dot(q, tl.trans(k), PREC) * scale
         z = tl.where(offs_n[None, :] < M, s, float("-inf")) - m[:, None]
         if ENTMAX:
             z = z * 0.5
         p, g = _p_g(z, tau, ENTMAX)
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        dp = _dot(do, tl.trans(v), PREC)
         return p, g * (dp - delta[:, None])
 
     @triton.jit
@@ -226,8 +234,8 @@ if triton is not None:
         for start_m in range(0, N, BLOCK_M):
             q, do, m, tau, delta = _bwd_rows(Q, DO, OG, STATS, bh, start_m, N, D, DV, BLOCK_M, BLOCK_D, BLOCK_DV)
             p, ds = _ds(q, k, v, do, m, tau, delta, start_n, scale, M, BLOCK_N, ENTMAX, PREC)
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
+            dv += _dot(tl.trans(p.to(do.dtype)), do, PREC)
+            dk += _dot(tl.trans(ds.to(q.dtype)), q, PREC)
         tl.store(DK + k_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=k_mask)
         tl.store(DV_ + v_ptrs, dv.to(DV_.dtype.element_ty), mask=v_mask)
 
@@ -249,7 +257,7 @@ if triton is not None:
             v = tl.load(V + bh * M * DV + offs_n[:, None] * DV + offs_dv[None, :],
                         mask=(offs_n[:, None] < M) & (offs_dv[None, :] < DV), other=0.0)
             _, ds = _ds(q, k, v, do, m, tau, delta, start_n, scale, M, BLOCK_N, ENTMAX, PREC)
-            dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+            dq += _dot(ds.to(k.dtype), k, PREC)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         tl.store(DQ + bh * N * D + offs_m[:, None] * D + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
                  mask=(offs_m[:, None] < N) & (offs_d[None, :] < D))
@@ -258,7 +266,8 @@ if triton is not None:
 def _meta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, entmax: bool) -> dict:
     d, dv, m = q.shape[-1], v.shape[-1], k.shape[-2]
     return dict(D=d, DV=dv, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
-                ENTMAX=entmax, PREC="ieee" if q.dtype == torch.float32 else "tf32")
+                ENTMAX=entmax, PREC="ieee" if q.dtype == torch.float32 else
+                "upcast" if q.dtype == torch.bfloat16 and interpreted() else "tf32")
 
 
 def _launch_cfg(q: torch.Tensor) -> dict:

@@ -1,0 +1,177 @@
+"""The Triton sparse-attention kernel (run by Triton's CPU interpreter here) and the mixed-precision fallback.
+
+Reference: the ``entmax`` library (sort-based entmax15 / sparsemax) on the unfused float64 scores.
+
+The interpreter must be chosen before Triton is first imported (triton.language's own helpers are decorated
+at import). Run alone, this module sets TRITON_INTERPRET=1 first. In the full suite timm has already
+imported Triton in compiled mode: the kernel tests then skip here and ``test_kernels_in_subprocess`` runs
+this file in a fresh process with TRITON_INTERPRET=1, so no other test's Triton is switched to the interpreter.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import entmax
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+if not _PRELOADED:
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+from backbones import triton_attention as ta  # noqa: E402
+
+_REF = {"entmax15": entmax.entmax15, "sparsemax": entmax.sparsemax}
+kernel = pytest.mark.skipif(_PRELOADED, reason="Triton already imported in compiled mode: "
+                            "test_kernels_in_subprocess runs these under the interpreter")
+
+
+@pytest.mark.skipif(not _PRELOADED, reason="the kernel tests run directly in this process")
+@pytest.mark.timeout(900)
+def test_kernels_in_subprocess():
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
+        [str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                           "-k", "not subprocess and not fallback"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=880)
+    assert proc.returncode == 0 and " passed" in proc.stdout and "skipped" not in proc.stdout, \
+        proc.stdout[-6000:] + proc.stderr[-3000:]
+
+
+def _qkv(b, h, n, d, dtype, seed=0, spread=1.5):
+    g = torch.Generator().manual_seed(seed)
+    # values representable in `dtype`, so kernel and reference see the same inputs
+    return [(torch.randn(b, h, n, d, generator=g, dtype=torch.float64) * spread).to(dtype) for _ in range(3)]
+
+
+def _errors(kind, q, k, v, scale):
+    """Max abs error of the kernel's output and q/k/v gradients against the float64 reference, and the
+    reference's magnitudes."""
+    qk = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = ta.sparse_attention(*qk, scale, kind=kind)
+    assert out.dtype == q.dtype and out.shape == v.shape[:-2] + (q.shape[-2], v.shape[-1])
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    out.backward(grad.to(out.dtype))
+    ref_in = [x.double().requires_grad_() for x in (q, k, v)]
+    ref = _REF[kind]((ref_in[0] @ ref_in[1].transpose(-2, -1)) * scale, dim=-1) @ ref_in[2]
+    ref.backward(grad)
+    errs = [(out.double() - ref).abs().max().item()] + \
+           [(a.grad.double() - b.grad).abs().max().item() for a, b in zip(qk, ref_in)]
+    mags = [ref.abs().max().item()] + [b.grad.abs().max().item() for b in ref_in]
+    return errs, mags
+
+
+@kernel
+def test_interpreter_is_used():
+    assert ta.interpreted() and ta.available(torch.zeros(1))
+
+
+@kernel
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["entmax15", "sparsemax"])
+@pytest.mark.parametrize("n,d", [(37, 32), (50, 64), (197, 64)])
+def test_fp32_values_and_grads_match_entmax(kind, n, d):
+    q, k, v = _qkv(1, 2 if n < 100 else 1, n, d, torch.float32)
+    errs, _ = _errors(kind, q, k, v, d ** -0.5)
+    assert max(errs) < 1e-4, errs
+
+
+@kernel
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["entmax15", "sparsemax"])
+def test_multi_block_rows_match_entmax(kind, monkeypatch):
+    """Rows longer than one key block (ViT-S/8's 785 tokens): the threshold search sums over blocks."""
+    monkeypatch.setattr(ta, "_SINGLE_MAX", 16)  # force the block-wise path on a short sequence
+    q, k, v = _qkv(1, 2, 150, 32, torch.float32, seed=3)
+    errs, _ = _errors(kind, q, k, v, 32 ** -0.5)
+    assert max(errs) < 1e-4, errs
+
+
+@kernel
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 3e-3), (torch.bfloat16, 2.5e-2)])
+@pytest.mark.parametrize("kind", ["entmax15", "sparsemax"])
+def test_half_precision_within_dtype_tolerance(dtype, tol, kind):
+    """16-bit q, k, v: fp32 accumulation and threshold; p and ds are rounded to the input dtype for the
+    tensor-core products (as FlashAttention does), so the error is a few units of that dtype's rounding."""
+    q, k, v = _qkv(2, 2, 50, 32, dtype, seed=5)
+    errs, mags = _errors(kind, q, k, v, 32 ** -0.5)
+    for e, m in zip(errs, mags):
+        assert e < tol * m, (errs, mags)
+
+
+@kernel
+@pytest.mark.timeout(300)
+def test_peaked_rows_and_cross_attention_shapes():
+    """Large logits (supports of 1-3 keys), N != M, d != dv, extra leading dims."""
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 1, 3, 20, 16, generator=g) * 4
+    k = torch.randn(2, 1, 3, 45, 16, generator=g) * 4
+    v = torch.randn(2, 1, 3, 45, 24, generator=g)
+    for kind in ("entmax15", "sparsemax"):
+        errs, _ = _errors(kind, q, k, v, 0.25)
+        assert max(errs) < 1e-4, (kind, errs)
+
+
+@kernel
+def test_bad_input_is_rejected():
+    q = torch.zeros(1, 4, 8)
+    with pytest.raises(ValueError, match="kind"):
+        ta.sparse_attention(q, q, q, 1.0, kind="softmax")
+    with pytest.raises(ValueError, match="expects"):
+        ta.sparse_attention(q, torch.zeros(1, 4, 9), q, 1.0)
+
+
+class _MatmulDtypes(TorchDispatchMode):
+    """Records the input dtypes of every matrix product dispatched (forward and backward)."""
+
+    OPS = {"mm", "bmm", "addmm", "baddbmm", "matmul"}
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in self.OPS:
+            self.seen.append((name, tuple(a.dtype for a in args if isinstance(a, torch.Tensor))))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["entmax15", "sparsemax"])
+def test_autocast_fallback_runs_bf16_matmuls_and_fp32_normaliser(kind, monkeypatch):
+    """No kernel (CPU): under autocast both attention matmuls take bf16 inputs, the normaliser gets fp32
+    scores, and the layer matches the float64 reference (entmax library) within bf16 rounding."""
+    from backbones import entmax_fast
+    from backbones.attention import TokenMixAttention
+    from backbones.normalizers import build_normalizer
+
+    norm_dtypes = []
+    op = getattr(entmax_fast, kind)
+    monkeypatch.setattr(entmax_fast, kind, lambda s, dim=-1: (norm_dtypes.append(s.dtype), op(s, dim=dim))[1])
+    torch.manual_seed(0)
+    layer = TokenMixAttention(64, num_heads=2, qkv_bias=True)
+    layer.normalizer = build_normalizer(kind)
+    x = torch.randn(2, 37, 64) * 2
+    xa = x.clone().requires_grad_()
+    with _MatmulDtypes() as rec, torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(xa)
+        out.float().pow(2).sum().backward()
+    assert out.dtype == torch.bfloat16
+    assert norm_dtypes == [torch.float32]
+    assert rec.seen and all(torch.float32 not in dts for _, dts in rec.seen), rec.seen
+    assert sum(name in ("bmm", "matmul") for name, _ in rec.seen) >= 2  # q k^T and p v (forward)
+
+    ref_layer = TokenMixAttention(64, num_heads=2, qkv_bias=True).double()
+    ref_layer.load_state_dict(layer.state_dict())
+    B, N, C = x.shape
+    q, k, v = ref_layer.qkv(x.double()).reshape(B, N, 3, 2, 32).permute(2, 0, 3, 1, 4)
+    attn = _REF[kind]((q @ k.transpose(-2, -1)) * ref_layer.scale, dim=-1)
+    ref = ref_layer.proj((attn @ v).transpose(1, 2).reshape(B, N, C))
+    assert (out.double() - ref).abs().max() < 3e-2 * ref.abs().max()
