@@ -126,8 +126,8 @@ if triton is not None:
         c_ok = zero > 1  # candidate >= its t (a root on that support can be accepted)
         tau = zero
         done = zero > 1
-        sweep = 0
-        left = BLOCK_M
+        sweep = tl.full([], 0, tl.int32)  # loop-carried: Triton values, not Python ints
+        left = tl.full([], BLOCK_M, tl.int32)
         while left > 0:
             if SINGLE:
                 k_t, s1, s2, n_c = _sums(z0, t, c)
