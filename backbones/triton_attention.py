@@ -42,7 +42,8 @@ except ImportError:  # no Triton: available() is False and the model uses the Py
 __all__ = ["sparse_attention", "available", "interpreted"]
 
 _MAX_SWEEPS = 64  # a row not settled by then (never seen) keeps the closed-form root on its last support
-_SINGLE_MAX = 256  # keys up to this count: one register block per row
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_SINGLE_MAX = 256  # keys up to this count (fp16/bf16; fp32: 128): one register block per row
 
 
 def interpreted() -> bool:
@@ -51,7 +52,11 @@ def interpreted() -> bool:
 
 
 def available(x: torch.Tensor) -> bool:
-    """Whether :func:`sparse_attention` can run on tensors like ``x`` here."""
+    """Whether :func:`sparse_attention` can run on tensors like ``x`` here (fp16/bf16/fp32)."""
+    return x.dtype in _DTYPES and _device_ok(x)
+
+
+def _device_ok(x: torch.Tensor) -> bool:
     return triton is not None and (x.is_cuda or (interpreted() and x.device.type == "cpu"))
 
 
@@ -282,7 +287,7 @@ class _TritonSparseAttentionFn(torch.autograd.Function):
         bh, n, _ = q.shape
         m_keys = k.shape[1]
         meta = _meta(q, k, v, entmax)
-        single = m_keys <= _SINGLE_MAX
+        single = m_keys <= _SINGLE_MAX // (1 if q.element_size() == 2 else 2)  # fp32: half the shared memory
         block_n = max(16, triton.next_power_of_2(m_keys)) if single else 64
         block_m = 32 if single and block_n > 128 else 64
         o = q.new_empty(bh, n, v.shape[-1])
@@ -326,14 +331,14 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
             not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
         raise ValueError(f"sparse_attention expects q (..., N, d), k (..., M, d), v (..., M, dv); got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if not available(q):
+    dev = q.device.type
+    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else q.dtype
+    if dt not in _DTYPES:
+        raise TypeError(f"sparse_attention (Triton) supports fp16, bf16 and fp32, got {dt}")
+    if not _device_ok(q):
         raise RuntimeError("backbones.triton_attention needs Triton and CUDA tensors (or CPU tensors with "
                            f"TRITON_INTERPRET=1 set before import); got {q.device} "
                            f"({'no Triton' if triton is None else 'Triton compiled mode'})")
-    dev = q.device.type
-    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else q.dtype
-    if dt not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"sparse_attention (Triton) supports fp16, bf16 and fp32, got {dt}")
     lead, n, m = q.shape[:-2], q.shape[-2], k.shape[-2]
     q3, k3, v3 = (x.to(dt).reshape(-1, x.shape[-2], x.shape[-1]).contiguous() for x in (q, k, v))
     with torch.autocast(device_type=dev, enabled=False):

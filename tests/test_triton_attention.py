@@ -37,7 +37,7 @@ def test_kernels_in_subprocess():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
         [str(root), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                           "-k", "not subprocess and not fallback"], cwd=root, env=env,
+                           "-k", "not subprocess and not fallback and not compile"], cwd=root, env=env,
                           capture_output=True, text=True, timeout=880)
     assert proc.returncode == 0 and " passed" in proc.stdout and "skipped" not in proc.stdout, \
         proc.stdout[-6000:] + proc.stderr[-3000:]
@@ -87,7 +87,7 @@ def test_fp32_values_and_grads_match_entmax(kind, n, d):
 def test_multi_block_rows_match_entmax(kind, monkeypatch):
     """Rows longer than one key block (ViT-S/8's 785 tokens): the threshold search sums over blocks."""
     monkeypatch.setattr(ta, "_SINGLE_MAX", 16)  # force the block-wise path on a short sequence
-    q, k, v = _qkv(1, 2, 150, 32, torch.float32, seed=3)
+    q, k, v = _qkv(1, 2, 100, 32, torch.float32, seed=3)  # 2 key blocks of 64, the last one ragged
     errs, _ = _errors(kind, q, k, v, 32 ** -0.5)
     assert max(errs) < 1e-4, errs
 
@@ -125,6 +125,9 @@ def test_bad_input_is_rejected():
         ta.sparse_attention(q, q, q, 1.0, kind="softmax")
     with pytest.raises(ValueError, match="expects"):
         ta.sparse_attention(q, torch.zeros(1, 4, 9), q, 1.0)
+    with pytest.raises(TypeError, match="fp16, bf16 and fp32"):
+        ta.sparse_attention(q.double(), q.double(), q.double(), 1.0)
+    assert not ta.available(q.double())  # so the model keeps its fp64 path
 
 
 class _MatmulDtypes(TorchDispatchMode):
@@ -175,3 +178,36 @@ def test_autocast_fallback_runs_bf16_matmuls_and_fp32_normaliser(kind, monkeypat
     attn = _REF[kind]((q @ k.transpose(-2, -1)) * ref_layer.scale, dim=-1)
     ref = ref_layer.proj((attn @ v).transpose(1, 2).reshape(B, N, C))
     assert (out.double() - ref).abs().max() < 3e-2 * ref.abs().max()
+
+
+_COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from backbones import triton_attention as ta
+assert not ta.interpreted()
+rows = dict(Q="*fp16", K="*fp16", V="*fp16")
+fwd = dict(rows, O="*fp16", OG="*fp16", STATS="*fp32", scale="fp32", N="i32", M="i32")
+bwd = dict(rows, DO="*fp16", OG="*fp16", STATS="*fp32", DK="*fp16", DV_="*fp16", scale="fp32", N="i32", M="i32")
+meta = dict(D=64, DV=64, BLOCK_M=32, BLOCK_N=256, BLOCK_D=64, BLOCK_DV=64, ENTMAX=True, PREC="tf32")
+for fn, sig, consts in ((ta._fwd_kernel, fwd, dict(meta, SINGLE=True, MAX_SWEEPS=64)),
+                        (ta._fwd_kernel, fwd, dict(meta, BLOCK_M=64, BLOCK_N=64, SINGLE=False, MAX_SWEEPS=64)),
+                        (ta._bwd_kv_kernel, bwd, dict(meta, BLOCK_M=64, BLOCK_N=64))):
+    sig = dict(sig, **{k: "constexpr" for k in consts})
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=4, num_stages=1))
+    assert k.asm["cubin"], fn
+print("compiled")
+"""
+
+
+@pytest.mark.timeout(600)
+def test_kernels_compile_for_a_gpu_without_one():
+    """The interpreter runs the kernels as Python: Triton's compiler (AST -> TTIR -> PTX -> cubin for sm_90,
+    ptxas bundled with Triton, no driver needed) catches what it accepts but a GPU would not."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _COMPILE], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=580)
+    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
