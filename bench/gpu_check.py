@@ -146,8 +146,9 @@ def vit_rows(dev: torch.device, cfg: dict) -> list[dict]:
                 except torch.OutOfMemoryError:
                     model.zero_grad(set_to_none=True)
                     rows.append({**row, "skipped": "out of GPU memory"})
-        _configure(model, "softmax (SDPA)")
         del model
+    from backbones import attention
+    attention._triton_kernel = _KERNEL_LOOKUP  # (c) trains with the model's own dispatch
     return rows
 
 
@@ -178,6 +179,8 @@ def dino_rows(dev: torch.device, cfg: dict, smoke: bool) -> list[dict]:
     big, small = (cfg["img"], 96) if not smoke else (32, 16)
     if smoke:
         model_args.update(arch="vit_test_patch8", out_dim=256, head_hidden_dim=64, head_bottleneck_dim=32)
+    from backbones import triton_attention as ta
+    kernel = "Triton kernel" if ta.available(torch.zeros(1, device=dev, dtype=torch.float16)) else "PyTorch fallback"
     rows = []
     for variant in ("softmax", "entmax"):
         torch.manual_seed(0)
@@ -201,7 +204,8 @@ def dino_rows(dev: torch.device, cfg: dict, smoke: bool) -> list[dict]:
                              benchmark=dev.type == "cuda", callbacks=[cb], gradient_clip_val=None)
         trainer.fit(module, datamodule=Data())
         step_s = statistics.median(timer.times[2:] or timer.times)
-        rows.append({"part": "c", "variant": variant, "steps": len(timer.times), "ms": round(1e3 * step_s, 1),
+        rows.append({"part": "c", "variant": variant, "attention": "SDPA" if variant == "softmax" else kernel,
+                     "steps": len(timer.times), "ms": round(1e3 * step_s, 1),
                      "images_per_s": round(batch / step_s, 1), "peak_mib": _peak_mib(dev, timer.base)})
     return rows
 
@@ -232,7 +236,8 @@ def format_table(rows: list[dict]) -> str:
                 " (max abs err out/dq/dk/dv " + " / ".join(f"{e:.1e}" for e in r["max_abs_err"]) + ")"
             lines.append(f"| a | {setting} | Triton kernel | {result} | |")
             continue
-        setting = f"{r.get('arch', 'DINO paper preset')} {r.get('dtype', 'fp16-mixed')}"
+        setting = (f"{r['arch']} {r['dtype']}" if r["part"] == "b" else
+                   f"DINO paper preset, {r.get('attention', '')}")
         if "skipped" in r:
             lines.append(f"| {r['part']} | {setting} | {r['variant']} | {r['skipped']} | |")
             continue
