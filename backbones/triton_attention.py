@@ -24,12 +24,11 @@ Structure (FlashAttention-2's tiling; AdaSplash's idea of a per-row threshold se
   sparsemax. One kernel per key block for dK, dV, one per query block for dQ (no atomics).
 Saved for the backward: q, k, v, Og and 2 floats per query row (m, tau), like SDPA's q, k, v, O, lse.
 
-On CPU tensors the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` set before this module
-is imported): that is how the tests check them without a GPU.
+On CPU tensors the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` set before Triton is
+first imported): that is how the tests check them without a GPU. Under the interpreter bf16 products are
+computed from operands widened to fp32 (same values; the interpreter's own bf16 ``tl.dot`` is wrong).
 """
 from __future__ import annotations
-
-import math
 
 import torch
 

@@ -37,7 +37,8 @@ def test_kernels_in_subprocess():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
         [str(root), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                           "-k", "not subprocess and not fallback and not compile and not gpu_check"], cwd=root, env=env,
+                           "-k", "not subprocess and not fallback and not compile and not gpu_check"],
+                          cwd=root, env=env,
                           capture_output=True, text=True, timeout=880)
     assert proc.returncode == 0 and " passed" in proc.stdout and "skipped" not in proc.stdout, \
         proc.stdout[-6000:] + proc.stderr[-3000:]
@@ -220,6 +221,7 @@ def test_gpu_check_skips_cleanly_without_a_gpu(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--out", str(out)], cwd=root,
                           capture_output=True, text=True, timeout=110,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])})
+                          env={**os.environ,
+                               "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])})
     assert proc.returncode == 0 and proc.stdout.strip() == "no CUDA GPU: skipped", proc.stdout + proc.stderr
     assert not out.exists()
