@@ -171,11 +171,12 @@ if triton is not None:
             else:
                 z = _z_block(q, K, k_off, start, m, scale, M, D, BLOCK_N, BLOCK_D, ENTMAX, PREC)
             p, g = _p_g(z, tau, ENTMAX)
-            offs_n = start + tl.arange(0, BLOCK_N)
-            v = tl.load(V + v_off + offs_n[:, None] * DV + offs_dv[None, :],
-                        mask=(offs_n[:, None] < M) & (offs_dv[None, :] < DV), other=0.0)
-            acc += _dot(p.to(v.dtype), v, PREC)
-            acc_g += _dot(g.to(v.dtype), v, PREC)
+            if tl.max(tl.max(g, 1), 0) > 0:  # sparse: a tile outside every row's support adds nothing
+                offs_n = start + tl.arange(0, BLOCK_N)
+                v = tl.load(V + v_off + offs_n[:, None] * DV + offs_dv[None, :],
+                            mask=(offs_n[:, None] < M) & (offs_dv[None, :] < DV), other=0.0)
+                acc += _dot(p.to(v.dtype), v, PREC)
+                acc_g += _dot(g.to(v.dtype), v, PREC)
             g_sum += tl.sum(g, 1)
         out_mask = (offs_m[:, None] < N) & (offs_dv[None, :] < DV)
         o_ptrs = bh * N * DV + offs_m[:, None] * DV + offs_dv[None, :]
@@ -205,17 +206,15 @@ if triton is not None:
         return q, do, m, tau, delta
 
     @triton.jit
-    def _ds(q, k, v, do, m, tau, delta, start_n, scale, M, BLOCK_N: tl.constexpr, ENTMAX: tl.constexpr,
-            PREC: tl.constexpr):
-        """p and ds = d loss / d s (the scaled scores) for one (query block, key block) tile."""
+    def _p_tile(q, k, m, tau, start_n, scale, M, BLOCK_N: tl.constexpr, ENTMAX: tl.constexpr,
+                PREC: tl.constexpr):
+        """p and g of one (query block, key block) tile, recomputed with the forward's arithmetic."""
         offs_n = start_n + tl.arange(0, BLOCK_N)
         s = _dot(q, tl.trans(k), PREC) * scale
         z = tl.where(offs_n[None, :] < M, s, float("-inf")) - m[:, None]
         if ENTMAX:
             z = z * 0.5
-        p, g = _p_g(z, tau, ENTMAX)
-        dp = _dot(do, tl.trans(v), PREC)
-        return p, g * (dp - delta[:, None])
+        return _p_g(z, tau, ENTMAX)
 
     @triton.jit
     def _bwd_kv_kernel(Q, K, V, DO, OG, STATS, DK, DV_, scale, N, M,
@@ -237,9 +236,11 @@ if triton is not None:
         dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
         for start_m in range(0, N, BLOCK_M):
             q, do, m, tau, delta = _bwd_rows(Q, DO, OG, STATS, bh, start_m, N, D, DV, BLOCK_M, BLOCK_D, BLOCK_DV)
-            p, ds = _ds(q, k, v, do, m, tau, delta, start_n, scale, M, BLOCK_N, ENTMAX, PREC)
-            dv += _dot(tl.trans(p.to(do.dtype)), do, PREC)
-            dk += _dot(tl.trans(ds.to(q.dtype)), q, PREC)
+            p, g = _p_tile(q, k, m, tau, start_n, scale, M, BLOCK_N, ENTMAX, PREC)
+            if tl.max(tl.max(g, 1), 0) > 0:  # all-zero tile: no dV, and ds = g * (...) = 0
+                dv += _dot(tl.trans(p.to(do.dtype)), do, PREC)
+                ds = g * (_dot(do, tl.trans(v), PREC) - delta[:, None])
+                dk += _dot(tl.trans(ds.to(q.dtype)), q, PREC)
         tl.store(DK + k_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=k_mask)
         tl.store(DV_ + v_ptrs, dv.to(DV_.dtype.element_ty), mask=v_mask)
 
@@ -260,8 +261,10 @@ if triton is not None:
                         mask=(offs_n[:, None] < M) & (offs_d[None, :] < D), other=0.0)
             v = tl.load(V + bh * M * DV + offs_n[:, None] * DV + offs_dv[None, :],
                         mask=(offs_n[:, None] < M) & (offs_dv[None, :] < DV), other=0.0)
-            _, ds = _ds(q, k, v, do, m, tau, delta, start_n, scale, M, BLOCK_N, ENTMAX, PREC)
-            dq += _dot(ds.to(k.dtype), k, PREC)
+            _, g = _p_tile(q, k, m, tau, start_n, scale, M, BLOCK_N, ENTMAX, PREC)
+            if tl.max(tl.max(g, 1), 0) > 0:
+                ds = g * (_dot(do, tl.trans(v), PREC) - delta[:, None])
+                dq += _dot(ds.to(k.dtype), k, PREC)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         tl.store(DQ + bh * N * D + offs_m[:, None] * D + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
                  mask=(offs_m[:, None] < N) & (offs_d[None, :] < D))

@@ -120,6 +120,22 @@ def test_peaked_rows_and_cross_attention_shapes():
 
 
 @kernel
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["entmax15", "sparsemax"])
+def test_tiles_outside_the_support_are_skipped_exactly(kind, monkeypatch):
+    """Two groups of 64 tokens that attend only within their group: the off-diagonal 64 x 64 tiles have
+    p = 0 everywhere and are skipped (forward block-wise pass, dK/dV and dQ); results still exact."""
+    monkeypatch.setattr(ta, "_SINGLE_MAX", 16)
+    g = torch.Generator().manual_seed(11)
+    group = torch.zeros(128, 2)
+    group[:64, 0] = group[64:, 1] = 6.0
+    q, k = (torch.cat([group, torch.randn(128, 14, generator=g)], 1)[None, None] for _ in range(2))
+    v = torch.randn(1, 1, 128, 16, generator=g)
+    errs, _ = _errors(kind, q, k, v, 0.25)
+    assert max(errs) < 1e-4, errs
+
+
+@kernel
 def test_bad_input_is_rejected():
     q = torch.zeros(1, 4, 8)
     with pytest.raises(ValueError, match="kind"):
@@ -189,11 +205,14 @@ from backbones import triton_attention as ta
 assert not ta.interpreted()
 rows = dict(Q="*fp16", K="*fp16", V="*fp16")
 fwd = dict(rows, O="*fp16", OG="*fp16", STATS="*fp32", scale="fp32", N="i32", M="i32")
-bwd = dict(rows, DO="*fp16", OG="*fp16", STATS="*fp32", DK="*fp16", DV_="*fp16", scale="fp32", N="i32", M="i32")
+grads = dict(rows, DO="*fp16", OG="*fp16", STATS="*fp32")
+bwd = dict(grads, DK="*fp16", DV_="*fp16", scale="fp32", N="i32", M="i32")
+bwd_q = dict(grads, DQ="*fp16", scale="fp32", N="i32", M="i32")
 meta = dict(D=64, DV=64, BLOCK_M=32, BLOCK_N=256, BLOCK_D=64, BLOCK_DV=64, ENTMAX=True, PREC="tf32")
 for fn, sig, consts in ((ta._fwd_kernel, fwd, dict(meta, SINGLE=True, MAX_SWEEPS=64)),
                         (ta._fwd_kernel, fwd, dict(meta, BLOCK_M=64, BLOCK_N=64, SINGLE=False, MAX_SWEEPS=64)),
-                        (ta._bwd_kv_kernel, bwd, dict(meta, BLOCK_M=64, BLOCK_N=64))):
+                        (ta._bwd_kv_kernel, bwd, dict(meta, BLOCK_M=64, BLOCK_N=64)),
+                        (ta._bwd_q_kernel, bwd_q, dict(meta, BLOCK_M=64, BLOCK_N=64))):
     sig = dict(sig, **{k: "constexpr" for k in consts})
     k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=4, num_stages=1))
@@ -205,7 +224,8 @@ print("compiled")
 @pytest.mark.timeout(600)
 def test_kernels_compile_for_a_gpu_without_one():
     """The interpreter runs the kernels as Python: Triton's compiler (AST -> TTIR -> PTX -> cubin for sm_90,
-    ptxas bundled with Triton, no driver needed) catches what it accepts but a GPU would not."""
+    ptxas bundled with Triton, no driver needed) catches what the interpreter accepts but a GPU would not
+    (loop-carried Python ints, branch types, layouts)."""
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
