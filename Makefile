@@ -14,7 +14,7 @@ LAYER ?=
 OUT ?=
 ARGS ?=
 
-.PHONY: install test pretrain probe analyze report check-data export bench tensorboard demo-data clean
+.PHONY: install test pretrain probe analyze report check-data export bench gpu-check tensorboard demo-data clean
 
 install: .venv/.installed
 
@@ -49,6 +49,10 @@ check-data: install
 
 bench: install
 	$(PY) -m bench.run $(ARGS)
+
+# CUDA only (prints "no CUDA GPU: skipped" elsewhere): Triton kernel check, ViT and DINO-step timings
+gpu-check: install
+	$(PY) -m bench.gpu_check $(ARGS)
 
 tensorboard: install
 	.venv/bin/tensorboard --logdir runs

@@ -3,8 +3,9 @@
 Subclasses timm's ``Attention`` so parameter names (``qkv``, ``proj``) and init stay timm/DINO's.
 Two additions:
 - ``normalizer`` (a constructor argument: its name, with ``alpha``/``bisect_iters`` for ``entmax_bisect`` and
-  ``entmax_backend`` for the fast kernels): softmax through the fused ``scaled_dot_product_attention``; entmax-1.5 and
-  sparsemax through the fused, memory-lean ``entmax_fast.sparse_attention`` (same values); otherwise
+  ``entmax_backend`` for the fast CPU kernels): softmax through the fused ``scaled_dot_product_attention``;
+  entmax-1.5 and sparsemax through the Triton kernel ``triton_attention.sparse_attention`` on CUDA, the fused,
+  memory-lean ``entmax_fast.sparse_attention`` (fp32) elsewhere without autocast (same values); otherwise
   (and whenever the weights are recorded, masked or dropped out) the explicit DINO lines
   ``attn = (q @ k^T) * scale; attn = normalizer(attn); x = attn @ v``.
 - ``qkv_cls``: an optional separate q/k/v projection for the [CLS] token (CLS/patch specialization);
@@ -26,6 +27,16 @@ from timm.models.vision_transformer import Attention
 
 from .entmax_fast import DEFAULT_BACKEND, sparse_attention
 from .normalizers import Normalizer, build_normalizer
+
+
+def _triton_kernel(q: torch.Tensor):
+    """backbones.triton_attention for CUDA tensors when Triton is installed, else None. Imported on first CUDA
+    use only. Without it, a mixed-precision run takes the unfused lines below: both matmuls under autocast
+    (16-bit inputs, fp32 accumulation), the normaliser in fp32 (it casts)."""
+    if not q.is_cuda:
+        return None
+    from . import triton_attention
+    return triton_attention if triton_attention.available(q) else None
 
 
 class TokenMixAttention(Attention):
@@ -55,7 +66,9 @@ class TokenMixAttention(Attention):
             x = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                 dropout_p=self.attn_drop.p if self.training else 0.0)
-        elif fused_kind is not None and plain:
+        elif fused_kind is not None and plain and _triton_kernel(q) is not None:
+            x = _triton_kernel(q).sparse_attention(q, k, v, self.scale, fused_kind)
+        elif fused_kind is not None and plain and not torch.is_autocast_enabled(q.device.type):
             x = sparse_attention(q, k, v, self.scale, fused_kind, backend=self.entmax_backend).to(v.dtype)
         else:
             attn = (q * self.scale) @ k.transpose(-2, -1)
