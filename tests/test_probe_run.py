@@ -77,7 +77,7 @@ def test_nyu_demo_depth_with_layer_sweep(demo, runs):
     layers = res["metrics"]["layers"]
     assert set(layers) == {"block_0", "block_1"}            # vit_test_patch8 has 2 blocks
     for m in layers.values():
-        assert {"rmse", "abs_rel", "d1", "d2", "d3", "rmse_log", "log10", "silog"} <= set(m)
+        assert {"rmse", "abs_rel", "d1", "d2", "d3", "rmse_log", "log10", "silog_mmseg", "silog_toolbox"} <= set(m)
         assert m["rmse"] > 0
     assert "pred_depth/val_0" in _tb_tags(path.parent / "block_1")["images"]
 
