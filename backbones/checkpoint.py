@@ -1,8 +1,10 @@
 """Load backbone weights from the three formats researchers have, always with ``weights_only=True``.
 
 (a) an official DINO released backbone (``dino_deitsmall16_pretrain.pth``): a plain ViT state dict;
-(b) an official DINO training checkpoint: ``{"student": ..., "teacher": ...}`` with ``module.`` /
-    ``backbone.`` prefixes and ``head.*`` entries (teacher by default, as DINO's evaluations do);
+(b) an official DINO training checkpoint (``main_dino.py``'s ``checkpoint.pth``, the released
+    ``*_full_checkpoint.pth``): ``{"student", "teacher", "optimizer", "epoch", "args", "dino_loss"}``, the student
+    under DDP (``module.backbone.*``), the teacher plain (``backbone.*``), ``head.*`` dropped; teacher by default, as
+    DINO's evaluations do. ``args`` is an ``argparse.Namespace``, allowed by ``tokenmix.io.safe_torch_load``;
 (c) this project's Lightning checkpoints: ``state_dict`` keys ``teacher.backbone.*`` / ``student.backbone.*``
     and ``checkpoint["tokenmix"]["backbone"]`` = the config that rebuilds the backbone.
 """
