@@ -24,7 +24,7 @@ from timm.models.vision_transformer import VisionTransformer
 from .attention import TokenMixAttention
 from .lastvit import FrequencyTopKPooling
 from .normalizers import build_normalizer
-from .specialization import COMPONENTS, SpecializedBlock
+from .specialization import COMPONENTS, SpecializedBlock, specialization_sets
 from .variants import parse_variant
 
 # name -> ViT shape. All: mlp_ratio 4, qkv_bias, LayerNorm eps 1e-6 (DINO's vision_transformer.py).
@@ -42,12 +42,14 @@ ARCHS: dict[str, dict[str, int]] = {
 class TokenMixViT(VisionTransformer):
     def __init__(self, *, arch: str, variant: str = "softmax", num_registers: int = 4,
                  spec_blocks: Optional[Sequence[int]] = None, spec_components: Sequence[str] = COMPONENTS,
+                 spec_norm_blocks: Optional[Sequence[int]] = None, spec_qkv_blocks: Optional[Sequence[int]] = None,
                  lastvit_k: int = 1, lastvit_sigma: Optional[float] = None, alpha: float = 1.5,
                  bisect_iters: int = 50, **vit_kwargs: Any) -> None:
         spec = parse_variant(variant)
         if spec.strategy == "specialization":
             spec_blocks = tuple(range(4)) if spec_blocks is None else tuple(int(b) for b in spec_blocks)
-            vit_kwargs["block_fn"] = partial(SpecializedBlock, spec_blocks=spec_blocks, components=tuple(spec_components))
+            sets = specialization_sets(spec_blocks, spec_components, spec_norm_blocks, spec_qkv_blocks)
+            vit_kwargs["block_fn"] = partial(SpecializedBlock, spec_sets=sets)
         vit_kwargs.setdefault("norm_layer", partial(nn.LayerNorm, eps=1e-6))
         super().__init__(num_classes=0, global_pool="token", qkv_bias=True, mlp_ratio=4.0,
                          dynamic_img_size=True, attn_layer=TokenMixAttention, **vit_kwargs)
@@ -75,6 +77,9 @@ class TokenMixViT(VisionTransformer):
             self.config["num_registers"] = n_reg
         if spec.strategy == "specialization":
             self.config.update(spec_blocks=list(spec_blocks), spec_components=list(spec_components))
+            for key, blocks in (("spec_norm_blocks", spec_norm_blocks), ("spec_qkv_blocks", spec_qkv_blocks)):
+                if blocks is not None:
+                    self.config[key] = sorted(int(b) for b in blocks)
         if spec.strategy == "lastvit":
             self.config.update(lastvit_k=lastvit_k, lastvit_sigma=lastvit_sigma)
         if spec.normalizer == "entmax_bisect":
