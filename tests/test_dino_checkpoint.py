@@ -214,6 +214,10 @@ def test_text_files_and_other_pickles_say_what_they_are_not(tmp_path):
     torch.save({"teacher": {}, "args": argparse.Namespace(when=datetime.date(2021, 4, 29))}, other)
     with pytest.raises(CheckpointError, match=r"not a weights-only one: it holds a datetime.date object"):
         safe_torch_load(other)
+    empty = tmp_path / "empty.pth"
+    empty.write_bytes(b"")
+    with pytest.raises(CheckpointError, match="an empty file, not a torch checkpoint"):
+        safe_torch_load(empty)
     binary = tmp_path / "random.bin"
     binary.write_bytes(bytes(range(256)) * 4)
     with pytest.raises(CheckpointError, match="not a torch checkpoint .neither a zip archive"):

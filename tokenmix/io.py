@@ -99,6 +99,8 @@ def safe_torch_load(path: str | os.PathLike) -> Any:
     with open(path, "rb") as f:
         head = f.read(64)
     kind = describe_file(head)
+    if not head:
+        raise CheckpointError(f"{path}: an empty file, not a torch checkpoint (an interrupted copy or download?).")
     if kind == "text":
         first = head.decode("utf-8").splitlines()[0][:40] if head.strip() else ""
         raise CheckpointError(f"{path}: a text file (starts {first!r}), not a torch checkpoint: torch.save writes a "
