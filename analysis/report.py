@@ -62,12 +62,18 @@ COLUMNS: list[Column] = [
     Column("nyuv2_rmse", "NYUv2 RMSE", "probe", "nyuv2", lambda m, r: _get(m, "rmse"), True, 4),
     Column("sunrgbd_rmse", "SUN RGB-D RMSE", "probe", "sunrgbd", lambda m, r: _get(m, "rmse"), True, 4),
     Column("kitti_rmse", "KITTI RMSE", "probe", "kitti", lambda m, r: _get(m, "rmse"), True, 4),
-    Column("pib_imagenet", "PiB ImageNet", "analysis", "pib", lambda m, r: _get(m, "pib"), datasets=("imagenet",)),
-    Column("pib_voc", "PiB VOC", "analysis", "pib", lambda m, r: _get(m, "pib"), datasets=("voc", "demo")),
+    Column("pib_imagenet", "PiB ImageNet ([CLS])", "analysis", "pib", lambda m, r: _get(m, "pib"),
+           datasets=("imagenet",)),
+    Column("pib_voc", "PiB VOC ([CLS])", "analysis", "pib", lambda m, r: _get(m, "pib"), datasets=("voc", "demo")),
     Column("corloc_voc", "CorLoc VOC", "analysis", "corloc", lambda m, r: _get(m, "corloc"),
            datasets=("voc", "demo")),
 ]
 EXTRA_COLUMNS: list[Column] = [
+    # LaSt-ViT only: the same PiB scored against the aggregated token instead of the encoder's [CLS]
+    Column("pib_aggregated_imagenet", "PiB ImageNet, aggregated token (LaSt-ViT)", "analysis", "pib",
+           lambda m, r: _get(m, "pib_aggregated"), datasets=("imagenet",)),
+    Column("pib_aggregated_voc", "PiB VOC, aggregated token (LaSt-ViT)", "analysis", "pib",
+           lambda m, r: _get(m, "pib_aggregated"), datasets=("voc", "demo")),
     Column("pib_chance", "PiB chance level (VOC/demo, %)", "analysis", "pib", lambda m, r: _get(m, "pib_chance"),
            datasets=("voc", "demo"), delta=False),
     Column("high_norm_share", "high-norm patch share (last block, %)", "analysis", "norms",

@@ -126,7 +126,8 @@ def main(argv=None) -> dict:
 def _headline(task: str, m: dict) -> str:
     key = {"pib": "pib", "corloc": "corloc", "norms": "high_norm_share", "attention": "zero_share",
            "pca": "explained_variance_ratio"}[task]
-    return f"{key} = {m.get(key)} over {m.get('n_images')} images"
+    extra = f", pib_aggregated = {m['pib_aggregated']}" if m.get("pib_aggregated") is not None else ""
+    return f"{key} = {m.get(key)}{extra} over {m.get('n_images')} images"
 
 
 if __name__ == "__main__":

@@ -57,84 +57,127 @@ def _pct(hits: torch.Tensor) -> float | None:
 
 # --------------------------------------------------------------------------- Patch Score / Point-in-Box
 
+def _extract_all(model, x, votes: bool) -> list[dict]:
+    """``model.extract`` of every block, each with "cls_token": that block's own [CLS] output through the final
+    norm. It differs from "cls" only in the last block of ``lastvit``, whose "cls" is the aggregated token."""
+    if getattr(model, "aggregator", None) is None:
+        outs = model.extract(x, blocks=list(range(model.depth)), votes=votes)
+        return [{**o, "cls_token": o["cls"]} for o in outs]
+    normed = []  # extract() runs model.norm once per block, in block order
+    hook = model.norm.register_forward_hook(lambda m, i, o: normed.append(o[:, 0]))
+    try:
+        outs = model.extract(x, blocks=list(range(model.depth)), votes=votes)
+    finally:
+        hook.remove()
+    return [{**o, "cls_token": c} for o, c in zip(outs, normed)]
+
+
+def _pib_masks(buf, rcs, grid, ps, opts: Options):
+    """Box-patch masks of the kept images: (keep flags, masks, single-small flags, chance shares, #outside)."""
+    keep, masks, small, chance, outside = [], [], [], [], 0
+    for s, rc in zip(buf, rcs):
+        H, W = s.image.shape[-2:]
+        is_small = single_small_object(s.boxes, W, H)
+        keep.append(opts.pib_subset != "single_small" or is_small)
+        if keep[-1]:
+            m = boxes_to_patch_mask(crop_boxes(s, rc), grid, ps)
+            masks.append(m)
+            small.append(is_small)
+            chance.append(m.float().mean())  # PiB of a top patch drawn uniformly at random
+            outside += int(not m.any())
+    return keep, masks, small, chance, outside
+
+
 @torch.no_grad()
 def run_pib(model, samples, run, opts: Options) -> dict:
-    depth, ps = model.depth, model.patch_size
+    """PiB of the encoder's [CLS] output (``pib_cls``, LAST-ViT's ``evaluate_patch_hit.py``; = ``pib``) per block,
+    and for ``lastvit`` also of the aggregated token (``pib_aggregated``, last block only: it exists there)."""
     is_lastvit = getattr(model, "aggregator", None) is not None
-    hits, small, outside, chance = [], [], 0, []
-    vote_in_box, vote_top_in_box = [], []
-    vis = {"img": [], "map": [], "boxes": [], "top": [], "votes": [], "cap": []}
+    hits, agg_hits, small, chance, outside = [], [], [], [], 0
+    votes_in_box, vote_top_in_box = [], []
+    vis = {"img": [], "map": [], "agg_map": [], "boxes": [], "top": [], "agg_top": [], "votes": [], "cap": []}
     for buf, x, rcs in _batches(samples, opts, need_boxes=True):
         grid = model.grid_size(x)
-        masks, keep = [], []
-        for s, rc in zip(buf, rcs):
-            H, W = s.image.shape[-2:]
-            is_small = single_small_object(s.boxes, W, H)
-            if opts.pib_subset == "single_small" and not is_small:
-                keep.append(False)
-                continue
-            keep.append(True)
-            small.append(is_small)
-            m = boxes_to_patch_mask(crop_boxes(s, rc), grid, ps)
-            outside += int(not m.any())
-            chance.append(m.float().mean())  # PiB of a top patch drawn uniformly at random
-            masks.append(m)
+        keep, masks, sm, ch, out = _pib_masks(buf, rcs, grid, model.patch_size, opts)
         if not any(keep):
             continue
-        sel = torch.tensor(keep)
-        x = x[sel]
-        buf = [s for s, k in zip(buf, keep) if k]
-        rcs = [r for r, k in zip(rcs, keep) if k]
+        small, chance, outside = small + sm, chance + ch, outside + out
+        x = x[torch.tensor(keep)]
+        buf, rcs = [s for s, k in zip(buf, keep) if k], [r for r, k in zip(rcs, keep) if k]
         masks = torch.stack(masks).to(x.device)
-        outs = model.extract(x, blocks=list(range(depth)), votes=is_lastvit)
-        layer_hits = torch.stack([pib_hits(patch_scores(o["cls"], o["patch"]), masks) for o in outs])  # (L, b)
+        outs = _extract_all(model, x, votes=is_lastvit)
+        scores = [patch_scores(o["cls_token"], o["patch"]) for o in outs]
+        layer_hits = torch.stack([pib_hits(sc, masks) for sc in scores])  # (L, b)
         hits.append(layer_hits.cpu())
-        final_scores = patch_scores(outs[-1]["cls"], outs[-1]["patch"])
+        agg = patch_scores(outs[-1]["cls"], outs[-1]["patch"]) if is_lastvit else None
         if is_lastvit:
+            agg_hits.append(pib_hits(agg, masks).cpu())
             v = outs[-1]["votes"].float()
-            vote_in_box.append(((v * masks).sum(1) / v.sum(1)).cpu())
+            votes_in_box.append(((v * masks).sum(1) / v.sum(1)).cpu())
             vote_top_in_box.append(masks.gather(1, v.argmax(1, keepdim=True))[:, 0].cpu())
-        for j, s in enumerate(buf):
-            if len(vis["img"]) >= opts.num_vis:
-                break
+        for j, s in enumerate(buf[:max(0, opts.num_vis - len(vis["img"]))]):
             vis["img"].append(x[j].cpu())
-            vis["map"].append(final_scores[j].reshape(grid).cpu())
+            vis["map"].append(scores[-1][j].reshape(grid).cpu())
             vis["boxes"].append(crop_boxes(s, rcs[j]).tolist())
-            vis["top"].append(int(final_scores[j].argmax()))
+            vis["top"].append(int(scores[-1][j].argmax()))
             vis["cap"].append("hit" if bool(layer_hits[-1, j]) else "miss")
             if is_lastvit:
+                vis["agg_map"].append(agg[j].reshape(grid).cpu())
+                vis["agg_top"].append(int(agg[j].argmax()))
                 vis["votes"].append(outs[-1]["votes"][j].reshape(grid).float().cpu())
     if not hits:
         raise RuntimeError("no image with a ground-truth box to evaluate (check the dataset has boxes, and "
                            "--pib-subset: 'single_small' keeps only one-object images whose box is < 25% of the image)")
-    H = torch.cat(hits, 1)  # (L, n)
-    small_t = torch.tensor(small)
+    res = _pib_results(torch.cat(hits, 1), torch.cat(agg_hits) if agg_hits else None, torch.tensor(small),
+                       chance, outside, opts)
+    if is_lastvit:
+        res["votes"] = {"share_of_votes_in_box": round(100 * torch.cat(votes_in_box).mean().item(), 3),
+                        "most_voted_patch_in_box": _pct(torch.cat(vote_top_in_box))}
+    _pib_figures(run, res, vis, is_lastvit)
+    return res
+
+
+def _pib_results(H: torch.Tensor, agg: torch.Tensor | None, small: torch.Tensor, chance, outside: int,
+                 opts: Options) -> dict:
+    depth = H.shape[0]
     per_layer = [_pct(H[l]) for l in range(depth)]
-    res = {
-        "pib": per_layer[-1], "pib_per_layer": per_layer, "n_images": int(H.shape[1]),
-        "subset": opts.pib_subset, "n_single_small": int(small_t.sum()),
-        "pib_single_small": _pct(H[-1][small_t]) if small_t.any() else None,
-        "pib_single_small_per_layer": [_pct(H[l][small_t]) for l in range(depth)] if small_t.any() else None,
+    any_small = bool(small.any())
+    return {
+        "pib": per_layer[-1], "pib_cls": per_layer[-1], "pib_cls_per_layer": per_layer, "pib_per_layer": per_layer,
+        "pib_aggregated": None if agg is None else _pct(agg),
+        "per_layer_through_final_norm": True,  # each block's [CLS]/patch outputs pass the final norm first
+        "n_images": int(H.shape[1]), "subset": opts.pib_subset, "n_single_small": int(small.sum()),
+        "pib_single_small": _pct(H[-1][small]) if any_small else None,
+        "pib_single_small_per_layer": [_pct(H[l][small]) for l in range(depth)] if any_small else None,
+        "pib_aggregated_single_small": _pct(agg[small]) if agg is not None and any_small else None,
         "n_box_outside_crop": outside, "pib_chance": round(100 * torch.stack(chance).mean().item(), 3),
         "units": "percent of images",
+        "definition": "top patch by cos(token, patch) inside a GT box; pib = pib_cls (the encoder's [CLS], as "
+                      "LAST-ViT's evaluate_patch_hit.py); pib_aggregated: LaSt-ViT's aggregated token",
     }
+
+
+def _pib_figures(run, res: dict, vis: dict, is_lastvit: bool) -> None:
     run.log_scalar("pib/final", res["pib"])
-    for l, v in enumerate(per_layer):
+    for l, v in enumerate(res["pib_per_layer"]):
         run.log_scalar("pib/per_layer", v, l)
+    curves = {"[CLS]": res["pib_per_layer"]}
     if is_lastvit:
-        res["votes"] = {"share_of_votes_in_box": round(100 * torch.cat(vote_in_box).mean().item(), 3),
-                        "most_voted_patch_in_box": _pct(torch.cat(vote_top_in_box))}
-    run.save_figure("pib_per_layer", figures.layer_curves({"PiB": per_layer}, "Point-in-Box per block",
-                                                           "PiB (%)"))
-    if vis["img"]:
-        run.save_figure("patch_score_maps", figures.heatmap_overlays(
-            vis["img"], vis["map"], "Patch score = cos([CLS], patch); cyan = top patch, green = GT box",
-            boxes=vis["boxes"], markers=vis["top"], captions=vis["cap"]))
-    if is_lastvit and vis["votes"]:
+        run.log_scalar("pib/aggregated", res["pib_aggregated"])
+        curves["aggregated token"] = [float("nan")] * (len(res["pib_per_layer"]) - 1) + [res["pib_aggregated"]]
+    run.save_figure("pib_per_layer", figures.layer_curves(curves, "Point-in-Box per block", "PiB (%)"))
+    if not vis["img"]:
+        return
+    run.save_figure("patch_score_maps", figures.heatmap_overlays(
+        vis["img"], vis["map"], "Patch score = cos([CLS], patch); cyan = top patch, green = GT box",
+        boxes=vis["boxes"], markers=vis["top"], captions=vis["cap"]))
+    if is_lastvit:
+        run.save_figure("patch_score_maps_aggregated", figures.heatmap_overlays(
+            vis["img"], vis["agg_map"], "Patch score = cos(aggregated token, patch); cyan = top patch",
+            boxes=vis["boxes"], markers=vis["agg_top"]))
         run.save_figure("vote_maps", figures.heatmap_overlays(
             vis["img"], vis["votes"], "LaSt-ViT votes: channels selecting each patch", boxes=vis["boxes"],
             markers=[int(v.argmax()) for v in vis["votes"]], cmap="viridis"))
-    return res
 
 
 # --------------------------------------------------------------------------- PCA maps

@@ -1,8 +1,10 @@
 """Load backbone weights from the three formats researchers have, always with ``weights_only=True``.
 
 (a) an official DINO released backbone (``dino_deitsmall16_pretrain.pth``): a plain ViT state dict;
-(b) an official DINO training checkpoint: ``{"student": ..., "teacher": ...}`` with ``module.`` /
-    ``backbone.`` prefixes and ``head.*`` entries (teacher by default, as DINO's evaluations do);
+(b) an official DINO training checkpoint (``main_dino.py``'s ``checkpoint.pth``, the released
+    ``*_full_checkpoint.pth``): ``{"student", "teacher", "optimizer", "epoch", "args", "dino_loss"}``, the student
+    under DDP (``module.backbone.*``), the teacher plain (``backbone.*``), ``head.*`` dropped; teacher by default, as
+    DINO's evaluations do. ``args`` is an ``argparse.Namespace``, allowed by ``tokenmix.io.safe_torch_load``;
 (c) this project's Lightning checkpoints: ``state_dict`` keys ``teacher.backbone.*`` / ``student.backbone.*``
     and ``checkpoint["tokenmix"]["backbone"]`` = the config that rebuilds the backbone.
 """
@@ -101,9 +103,28 @@ def infer_config(sd: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         config["img_size"] = side * patch
     if "reg_token" in sd:
         config.update(variant="registers", num_registers=sd["reg_token"].shape[1])
-    spec = sorted({int(k.split(".")[1]) for k in sd if k.startswith("blocks.") and "_cls." in k})
-    if spec:
-        config.update(variant="specialization", spec_blocks=spec)
+    config.update(_infer_specialization(sd))
+    return config
+
+
+def _infer_specialization(sd: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """spec_blocks (and, where norms and q/k/v differ, spec_norm_blocks / spec_qkv_blocks) from the *_cls keys."""
+    found = {c: sorted({int(k.split(".")[1]) for k in sd if k.startswith("blocks.") and f".{key}_cls." in k})
+             for c, key in (("norm1", "norm1"), ("norm2", "norm2"), ("qkv", "attn.qkv"))}
+    union = sorted({b for v in found.values() for b in v})
+    if not union:
+        return {}
+    config: dict[str, Any] = {"variant": "specialization", "spec_blocks": union}
+    if any(v != union for v in found.values()):
+        config["spec_components"] = [c for c in ("norm1", "qkv", "norm2") if found[c]]
+        if found["norm1"] and found["norm2"] and found["norm1"] != found["norm2"]:
+            raise CheckpointError(f"norm1 and norm2 are specialised in different blocks ({found['norm1']} vs "
+                                  f"{found['norm2']}); build the backbone yourself and use load_checkpoint")
+        norms = found["norm1"] or found["norm2"]
+        if norms and norms != union:
+            config["spec_norm_blocks"] = norms
+        if found["qkv"] and found["qkv"] != union:
+            config["spec_qkv_blocks"] = found["qkv"]
     return config
 
 

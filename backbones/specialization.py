@@ -4,16 +4,37 @@ use separate parameters in the norm layers and the q/k/v projection of the chose
 A timm ``block_fn``: same parameter names as timm's ``Block`` plus ``norm1_cls``, ``norm2_cls`` and
 ``attn.qkv_cls`` where specialised, so a plain ViT state dict still loads into the shared parameters.
 Token 0 is [CLS]; registers (if any) use the patch parameters.
+
+The norms and the q/k/v projection may be specialised in different blocks (``specialization_sets``), e.g. the
+norms everywhere and q/k/v only early: ``create_vit(..., "specialization", spec_norm_blocks=range(12),
+spec_qkv_blocks=[0, 1, 2, 3])``.
 """
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 from timm.models.vision_transformer import Block
 
 COMPONENTS = ("norm1", "qkv", "norm2")
+
+
+def specialization_sets(spec_blocks: Sequence[int] = (0, 1, 2, 3), components: Sequence[str] = COMPONENTS,
+                        norm_blocks: Optional[Sequence[int]] = None,
+                        qkv_blocks: Optional[Sequence[int]] = None) -> dict[str, tuple[int, ...]]:
+    """Component -> the blocks where it is specialised: ``spec_blocks`` for every chosen component, unless
+    ``norm_blocks`` (norm1 and norm2) or ``qkv_blocks`` (attn.qkv) give that component its own set.
+
+    >>> specialization_sets([0, 1], qkv_blocks=[0])
+    {'norm1': (0, 1), 'qkv': (0,), 'norm2': (0, 1)}
+    """
+    bad = set(components) - set(COMPONENTS)
+    if bad:
+        raise ValueError(f"unknown specialization components {sorted(bad)}; valid: {COMPONENTS}")
+    own = {"norm1": norm_blocks, "norm2": norm_blocks, "qkv": qkv_blocks}
+    return {c: tuple(sorted({int(b) for b in (spec_blocks if own[c] is None else own[c])}))
+            for c in COMPONENTS if c in components}
 
 
 def _split(x: torch.Tensor, f_cls, f_patch) -> torch.Tensor:
@@ -22,12 +43,10 @@ def _split(x: torch.Tensor, f_cls, f_patch) -> torch.Tensor:
 
 class SpecializedBlock(Block):
     def __init__(self, *args, spec_blocks: Sequence[int] = (0, 1, 2, 3), components: Sequence[str] = COMPONENTS,
-                 depth: int = 0, **kwargs) -> None:
+                 spec_sets: Optional[Mapping[str, Sequence[int]]] = None, depth: int = 0, **kwargs) -> None:
         super().__init__(*args, depth=depth, **kwargs)
-        bad = set(components) - set(COMPONENTS)
-        if bad:
-            raise ValueError(f"unknown specialization components {sorted(bad)}; valid: {COMPONENTS}")
-        self.specialized = tuple(components) if depth in set(spec_blocks) else ()
+        sets = specialization_sets(spec_blocks, components) if spec_sets is None else spec_sets
+        self.specialized = tuple(c for c in COMPONENTS if depth in set(sets.get(c, ())))
         # separate parameters, initialised by the same scheme as the shared ones (timm's init_weights
         # later re-draws the q/k/v copy independently)
         self.norm1_cls = copy.deepcopy(self.norm1) if "norm1" in self.specialized else None

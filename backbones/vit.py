@@ -26,7 +26,7 @@ from timm.models.vision_transformer import VisionTransformer
 from .attention import attention_layer
 from .entmax_fast import DEFAULT_BACKEND
 from .lastvit import FrequencyTopKPooling
-from .specialization import COMPONENTS, SpecializedBlock
+from .specialization import COMPONENTS, SpecializedBlock, specialization_sets
 from .variants import Normalizer, Strategy, parse_variant
 
 # name -> ViT shape. All: mlp_ratio 4, qkv_bias, LayerNorm eps 1e-6 (DINO's vision_transformer.py).
@@ -54,14 +54,15 @@ STRATEGY_RULES: dict[Strategy, StrategyRule] = {
     Strategy.CLS: StrategyRule(),
     Strategy.REGISTERS: StrategyRule(knobs=("num_registers",), registers=lambda kn: kn["num_registers"]),
     Strategy.SPECIALIZATION: StrategyRule(
-        knobs=("spec_blocks", "spec_components"),
-        block_fn=lambda kn: partial(SpecializedBlock, spec_blocks=tuple(kn["spec_blocks"]),
-                                    components=tuple(kn["spec_components"]))),
+        knobs=("spec_blocks", "spec_components", "spec_norm_blocks", "spec_qkv_blocks"),
+        block_fn=lambda kn: partial(SpecializedBlock, spec_sets=specialization_sets(
+            tuple(kn["spec_blocks"]), kn["spec_components"], kn["spec_norm_blocks"], kn["spec_qkv_blocks"]))),
     Strategy.LASTVIT: StrategyRule(
         knobs=("lastvit_k", "lastvit_sigma"),
         aggregator=lambda dim, kn: FrequencyTopKPooling(dim, k=kn["lastvit_k"], sigma=kn["lastvit_sigma"])),
 }
 NORMALIZER_KNOBS: dict[Normalizer, tuple[str, ...]] = {Normalizer.ENTMAX_BISECT: ("alpha", "bisect_iters")}
+UNSET_OK = ("spec_norm_blocks", "spec_qkv_blocks")  # recorded only when set: older checkpoints stay equal
 
 
 class TokenMixViT(VisionTransformer):
@@ -70,13 +71,16 @@ class TokenMixViT(VisionTransformer):
 
     def __init__(self, *, arch: str, variant: str = "softmax", num_registers: int = 4,
                  spec_blocks: Optional[Sequence[int]] = None, spec_components: Sequence[str] = COMPONENTS,
+                 spec_norm_blocks: Optional[Sequence[int]] = None, spec_qkv_blocks: Optional[Sequence[int]] = None,
                  lastvit_k: int = 1, lastvit_sigma: Optional[float] = None, alpha: float = 1.5,
                  bisect_iters: int = 50, entmax_backend: str = DEFAULT_BACKEND, **vit_kwargs: Any) -> None:
         spec = parse_variant(variant)
         rule = STRATEGY_RULES[spec.strategy]
         knobs = dict(num_registers=num_registers, lastvit_k=lastvit_k, lastvit_sigma=lastvit_sigma, alpha=alpha,
                      bisect_iters=bisect_iters, spec_components=list(spec_components),
-                     spec_blocks=list(range(4)) if spec_blocks is None else [int(b) for b in spec_blocks])
+                     spec_blocks=list(range(4)) if spec_blocks is None else [int(b) for b in spec_blocks],
+                     spec_norm_blocks=None if spec_norm_blocks is None else sorted(int(b) for b in spec_norm_blocks),
+                     spec_qkv_blocks=None if spec_qkv_blocks is None else sorted(int(b) for b in spec_qkv_blocks))
         if rule.block_fn is not None:
             vit_kwargs["block_fn"] = rule.block_fn(knobs)
         vit_kwargs.setdefault("norm_layer", partial(nn.LayerNorm, eps=1e-6))
@@ -99,7 +103,8 @@ class TokenMixViT(VisionTransformer):
         self.aggregator = rule.aggregator(self.embed_dim, knobs) if rule.aggregator is not None else None
 
         recorded = rule.knobs + NORMALIZER_KNOBS.get(spec.normalizer, ())
-        self.config: dict[str, Any] = {"arch": arch, "variant": spec.name, **{k: knobs[k] for k in recorded}}
+        self.config: dict[str, Any] = {"arch": arch, "variant": spec.name,
+                                       **{k: knobs[k] for k in recorded if not (k in UNSET_OK and knobs[k] is None)}}
 
     # -- tokens -------------------------------------------------------------------------------------
     def interpolate_pos_encoding(self, gh: int, gw: int) -> torch.Tensor:

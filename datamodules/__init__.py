@@ -19,7 +19,7 @@ from .imagenet import ImageNetDataset
 from .kitti import KITTIDataset
 from .nyuv2 import NYUv2Dataset
 from .sunrgbd import SUNRGBDDataset
-from .voc import VOCAugDataset, VOCDataset
+from .voc import VOC07Dataset, VOCAugDataset, VOCDataset
 
 
 # --- the demo datasets: the real loaders pointed at the generated data (make demo-data) -------------------
@@ -44,11 +44,12 @@ class DemoNYUDataset(NYUv2Dataset):
 
 
 DATASETS: dict[str, type[BaseDataset]] = {
-    "imagenet": ImageNetDataset, "voc": VOCDataset, "voc_aug": VOCAugDataset, "ade20k": ADE20KDataset,
+    "imagenet": ImageNetDataset, "voc": VOCDataset, "voc07": VOC07Dataset, "voc_aug": VOCAugDataset,
+    "ade20k": ADE20KDataset,
     "cityscapes": CityscapesDataset, "nyuv2": NYUv2Dataset, "sunrgbd": SUNRGBDDataset, "kitti": KITTIDataset,
     "demo_cls": DemoClsDataset, "demo_voc": DemoVOCDataset, "demo_nyu": DemoNYUDataset,
 }
-ALIASES = {"nyu": "nyuv2", "ade": "ade20k", "sun": "sunrgbd", "in1k": "imagenet"}
+ALIASES = {"voc2007": "voc07", "nyu": "nyuv2", "ade": "ade20k", "sun": "sunrgbd", "in1k": "imagenet"}
 DATASET_NAMES = tuple(DATASETS)
 # depth benchmarks only have a test split: a probe asking for "val" gets it
 SPLIT_ALIASES = {"nyuv2": {"val": "test"}, "demo_nyu": {"val": "test"}, "kitti": {"val": "test"}}
@@ -86,7 +87,8 @@ def build_dataset(name: str, root, split: str, transform=None, **kw) -> BaseData
 
 
 __all__ = ["build_dataset", "canonical_name", "DATASETS", "DATASET_NAMES", "IGNORE_INDEX", "BaseDataset",
-           "ImageNetDataset", "VOCDataset", "VOCAugDataset", "ADE20KDataset", "CityscapesDataset", "NYUv2Dataset",
+           "ImageNetDataset", "VOCDataset", "VOC07Dataset", "VOCAugDataset", "ADE20KDataset", "CityscapesDataset",
+           "NYUv2Dataset",
            "SUNRGBDDataset", "KITTIDataset", "DatasetError", "UnknownDatasetError", "MissingDataError",
            "SplitFileError", "EmptyDatasetError", "SampleError", "CorruptFileError", "LabelRangeError",
            "SizeMismatchError", "DepthFormatError"]

@@ -19,7 +19,8 @@ from .errors import DatasetError, SampleError
 
 # task names of the probes / analyses -> dataset
 TASK_ALIASES = {"knn": "imagenet", "pib": "imagenet", "corloc": "voc"}
-CHECK_SPLITS = {"imagenet": ("train", "val"), "voc": ("train", "val"), "voc_aug": ("train", "val"),
+CHECK_SPLITS = {"imagenet": ("train", "val"), "voc": ("train", "val"), "voc07": ("trainval",),
+                "voc_aug": ("train", "val"),
                 "ade20k": ("train", "val"), "cityscapes": ("train", "val"), "nyuv2": ("train", "test"),
                 "sunrgbd": ("test",), "kitti": ("test",), "demo_cls": ("train", "val"),
                 "demo_voc": ("train", "val"), "demo_nyu": ("train", "test")}

@@ -1,4 +1,4 @@
-"""PASCAL VOC 2012 segmentation (+ SBD aug train) and VOC detection boxes.
+"""PASCAL VOC 2012 segmentation (+ SBD aug train), VOC detection boxes, and VOC 2007 (``voc07``: CorLoc's VOC07).
 
 Class names / palette: mmseg ``PascalVOCDataset.METAINFO`` (21 classes incl. background, ignore 255).
 """
@@ -43,6 +43,7 @@ class VOCDataset(BaseDataset):
     SPLITS = ("train", "val", "trainval", "test")
     OFFICIAL_COUNTS = {"train": 1464, "val": 1449, "trainval": 2913}
     MAIN_COUNTS = {("2007", "trainval"): 5011, ("2007", "test"): 4952, ("2012", "trainval"): 11540}
+    SEG_COUNTS_2007 = {"train": 209, "val": 213, "trainval": 422, "test": 210}
     NUM_CLASSES = 21
     mask_dir = "SegmentationClass"
 
@@ -57,6 +58,8 @@ class VOCDataset(BaseDataset):
         self.voc = find_voc_dir(self.root, self.year, self.name)
         if image_set == "Main":
             self.OFFICIAL_COUNTS = {split: self.MAIN_COUNTS.get((self.year, split), -1)}
+        elif self.year == "2007":
+            self.OFFICIAL_COUNTS = self.SEG_COUNTS_2007
         ids = self._ids(Path(split_file) if split_file else None)
         jpg = require_dir(self.voc / "JPEGImages", self.name, self.LAYOUT, self.SOURCE)
         mdir = self.voc / self._mask_dir()
@@ -110,6 +113,20 @@ class VOCDataset(BaseDataset):
             item["box_labels"] = torch.tensor([index[n] for n in names], dtype=torch.int64)
             item["box_difficult"] = torch.from_numpy(difficult)
         return item
+
+
+class VOC07Dataset(VOCDataset):
+    """PASCAL VOC 2007 (``VOCdevkit/VOC2007``): the CorLoc benchmark of LOST is VOC07 trainval, 5,011 images
+    (``image_set='Main'``, which ``make analyze TASK=corloc DATA=voc07`` selects); segmentation lists also work.
+
+    >>> ds = VOC07Dataset("/data/voc", "trainval", image_set="Main")  # doctest: +SKIP
+    """
+
+    name = "voc07"
+    OFFICIAL_COUNTS = VOCDataset.SEG_COUNTS_2007
+
+    def __init__(self, root, split="trainval", transform=None, skip_corrupt=False, *, year="2007", **kw):
+        super().__init__(root, split, transform, skip_corrupt, year=year, **kw)
 
 
 class VOCAugDataset(VOCDataset):

@@ -15,11 +15,12 @@ from .visualize import colour_depth, panel
 
 class DepthProbe(ProbeModule):
     """Depth = head(features) predicted on the patch grid upsampled x``upsample`` (DINOv2 BNHead
-    upsample=4), then bilinearly resized to the label size; SigLoss on valid pixels.
+    upsample=4), then bilinearly resized to the label size; SigLoss on valid pixels. ``crop``/``clip``: the
+    dataset's evaluation protocol (``probes.tasks.depth_eval_settings``).
     Optimiser: AdamW, lr 3e-4, wd 1e-2, warm-up + cosine per step."""
 
     def __init__(self, features, train_set, val_set, min_depth: float = 1e-3, max_depth: float = 10.0,
-                 crop: Optional[Callable] = None, classify: bool = True, n_bins: int = 256, norm: str = "linear",
+                 crop: Optional[Callable] = None, clip: Optional[float] = None, classify: bool = True, n_bins: int = 256, norm: str = "linear",
                  upsample: int = 4, lr: float = 3e-4, weight_decay: float = 1e-2, **kw):
         super().__init__(features, train_set, val_set, **kw)
         self.min_depth, self.max_depth, self.upsample = min_depth, max_depth, upsample
@@ -27,7 +28,7 @@ class DepthProbe(ProbeModule):
         self.head = LinearDepthHead(features.out_dim, min_depth, max_depth, classify=classify, n_bins=n_bins,
                                     norm=norm)
         self.loss_fn = SigLoss(min_depth=0.0, max_depth=max_depth)
-        self.metric = DepthMetrics(min_depth=min_depth, max_depth=max_depth, crop=crop)
+        self.metric = DepthMetrics(min_depth=min_depth, max_depth=max_depth, crop=crop, clip=clip)
         self.vis_images: dict[int, torch.Tensor] = {}
 
     def predict_depth(self, feats: torch.Tensor, size) -> torch.Tensor:

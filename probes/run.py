@@ -206,8 +206,8 @@ def build_probe(args, task, info: BackboneInfo, train_base, val_base, blocks, si
                                  **({"lr": args.lr} if args.lr else {}), **kw), spec
     from .module_depth import DepthProbe
     from .tasks import depth_eval_settings
-    lo, hi, crop = depth_eval_settings(dataset)
-    return DepthProbe(features, train, val, min_depth=lo, max_depth=hi, crop=crop,
+    lo, hi, crop, clip = depth_eval_settings(dataset)
+    return DepthProbe(features, train, val, min_depth=lo, max_depth=hi, crop=crop, clip=clip,
                       classify=args.depth_head == "bins", norm=args.bin_norm, cache=cache,
                       **({"lr": args.lr} if args.lr else {}), **kw), spec
 

@@ -8,12 +8,13 @@ from typing import Callable, Optional
 import torch
 
 
-def depth_eval_settings(dataset: str) -> tuple[float, float, Optional[Callable[[int, int], torch.Tensor]]]:
-    """(min_depth, max_depth, crop(H, W) -> bool mask) from datamodules' one table of depth eval settings
-    (NYUv2 Eigen crop, KITTI Garg crop, SUN RGB-D none)."""
-    from datamodules.transforms.depth import crop_mask, depth_config
+def depth_eval_settings(dataset: str) -> tuple[float, float, Optional[Callable[[int, int], torch.Tensor]],
+                                                Optional[float]]:
+    """(min_depth, max_depth, crop(H, W) -> bool mask, clip) from datamodules' one table of depth eval settings
+    (NYUv2 Eigen crop; SUN RGB-D clip 8 m + Eigen crop; KITTI Garg crop of the KB-cropped map)."""
+    from datamodules.transforms.depth import crop_mask, depth_clip, depth_config
     _, lo, hi, kind = depth_config(dataset)
-    return lo, hi, (None if kind is None else partial(crop_mask, kind))
+    return lo, hi, (None if kind is None else partial(crop_mask, kind)), depth_clip(dataset)
 
 
 @dataclass(frozen=True)

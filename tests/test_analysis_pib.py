@@ -93,6 +93,26 @@ class FakeRun:
         self.scalars.append(a)
 
 
+def _lastvit_bbox_to_patch_set(bbox, original_width, original_height, image_size=224, patch_size=16):
+    """Transcribed from ChengShiest/LAST-ViT ``visualization/evaluate_patch_hit.py``."""
+    xmin, ymin, xmax, ymax = bbox
+    scale = 256.0 / min(original_width, original_height)
+    rw = int(original_width * scale)
+    rh = int(original_height * scale)
+    crop_l = (rw - 224) // 2
+    crop_t = (rh - 224) // 2
+    xf_min = max(0, min(224, xmin * scale - crop_l))
+    yf_min = max(0, min(224, ymin * scale - crop_t))
+    xf_max = max(0, min(224, xmax * scale - crop_l))
+    yf_max = max(0, min(224, ymax * scale - crop_t))
+    n = image_size // patch_size
+    indices = set()
+    for py in range(int(yf_min // patch_size), min(int(yf_max // patch_size) + 1, n)):
+        for px in range(int(xf_min // patch_size), min(int(xf_max // patch_size) + 1, n)):
+            indices.add(py * n + px)
+    return indices
+
+
 def scene(w, h, red_box):
     img = torch.full((3, h, w), 110, dtype=torch.uint8)
     x0, y0, x1, y1 = red_box
@@ -103,7 +123,7 @@ def scene(w, h, red_box):
 def test_pib_end_to_end_on_hand_built_scenes():
     # the red object sits inside the GT box in the first two images, outside it in the third
     s1 = Sample(0, scene(400, 300, (200, 120, 260, 170)), torch.tensor([[190.0, 110.0, 270.0, 180.0]]), "a")
-    s2 = Sample(1, scene(300, 500, (60, 200, 140, 280)), torch.tensor([[50.0, 190.0, 150.0, 290.0]]), "b")
+    s2 = Sample(1, scene(300, 500, (60, 200, 140, 280)), torch.tensor([[50.0, 190.0, 148.0, 290.0]]), "b")
     s3 = Sample(2, scene(320, 320, (40, 40, 100, 100)), torch.tensor([[200.0, 200.0, 300.0, 300.0]]), "c")
     no_box = Sample(3, scene(320, 320, (0, 0, 1, 1)), torch.zeros(0, 4), "d")  # skipped: nothing to hit
     # sanity: the red object survives the crop where it should
@@ -113,13 +133,44 @@ def test_pib_end_to_end_on_hand_built_scenes():
     res = run_pib(RedDetector(), [s1, s2, s3, no_box], run, Options(crop=224, resize=256, batch_size=2, num_vis=2))
     assert res["n_images"] == 3
     assert res["pib"] == pytest.approx(200 / 3, abs=1e-3) and res["pib_per_layer"] == [res["pib"]] * 2
+    assert res["pib_cls"] == res["pib"] and res["pib_aggregated"] is None and res["per_layer_through_final_norm"]
     assert "patch_score_maps" in run.figs and "pib_per_layer" in run.figs
-    # chance level = mean share of box patches. By hand for s1 (400x300 -> 341x256, crop offsets 58, 16):
-    # x 190..270 -> 103.975..172.175 (cols 6..10), y 110..180 -> 77.87..137.6 (rows 4..8): 25 of 196 patches
-    s1_patches = boxes_to_patch_mask(map_boxes(s1.boxes, resize_crop_params(400, 300)), (14, 14), 16)
-    assert s1_patches.sum() == 25 and s1_patches.reshape(14, 14)[4:9, 6:11].all()
-    shares = [boxes_to_patch_mask(map_boxes(s.boxes, resize_crop_params(*s.image.shape[:0:-1])), (14, 14), 16)
-              .float().mean() for s in (s1, s2, s3)]
-    assert res["pib_chance"] == pytest.approx(100 * float(sum(shares)) / 3, abs=1e-3)
+    # chance level = mean share of box patches, from LAST-ViT's own box -> patch code (not ours; no box edge lies
+    # on a patch border, where the two differ by design, docs/analysis.md). By hand for s1
+    # (400x300 -> 341x256, crop offsets 58, 16): x 190..270 -> cols 6..10, y 110..180 -> rows 4..8: 25 patches
+    assert _lastvit_bbox_to_patch_set([190, 110, 270, 180], 400, 300) == {r * 14 + c for r in range(4, 9)
+                                                                          for c in range(6, 11)}
+    shares = [len(_lastvit_bbox_to_patch_set(s.boxes[0].tolist(), s.image.shape[2], s.image.shape[1])) / 196
+              for s in (s1, s2, s3)]
+    assert res["pib_chance"] == pytest.approx(100 * sum(shares) / 3, abs=1e-3)
     only_small = run_pib(RedDetector(), [s1, s2, s3], FakeRun(), Options(pib_subset="single_small", num_vis=0))
     assert only_small["n_images"] == 3 and only_small["n_single_small"] == 3
+
+
+def test_lastvit_pib_on_both_tokens():
+    """lastvit: pib / pib_cls score the encoder's [CLS] (LAST-ViT's evaluate_patch_hit.py), pib_aggregated the
+    aggregated token; both recomputed here from the model's own forward pass."""
+    import backbones
+    torch.manual_seed(0)
+    model = backbones.create_vit("vit_test_patch8", "lastvit").eval()
+    g = torch.Generator().manual_seed(3)
+    samples = [Sample(i, torch.randint(0, 256, (3, 40, 48), dtype=torch.uint8, generator=g),
+                      torch.tensor([[4.0 + i, 6.0, 30.0, 20.0 + i]]), str(i)) for i in range(12)]
+    opts = Options(crop=32, resize=36, batch_size=5, num_vis=2)
+    run = FakeRun()
+    res = run_pib(model, samples, run, opts)
+    assert {"patch_score_maps", "patch_score_maps_aggregated", "vote_maps", "pib_per_layer"} <= set(run.figs)
+    cls_hits, agg_hits = [], []
+    with torch.no_grad():
+        for s in samples:
+            x, rc = eval_crop(s.image, 36, 32)
+            y = model.forward_features(x[None])  # timm: blocks then the final norm
+            patch = y[:, 1:]
+            agg, _ = model.aggregator(patch)
+            m = boxes_to_patch_mask(map_boxes(s.boxes, rc), (4, 4), 8)
+            cls_hits.append(bool(m[int(patch_scores(y[:, 0], patch).argmax())]))
+            agg_hits.append(bool(m[int(patch_scores(agg, patch).argmax())]))
+    assert res["pib_cls"] == res["pib"] == pytest.approx(100 * sum(cls_hits) / 12, abs=1e-3)
+    assert res["pib_aggregated"] == pytest.approx(100 * sum(agg_hits) / 12, abs=1e-3)
+    assert cls_hits != agg_hits  # the two tokens pick different patches here: the test tells them apart
+    assert len(res["pib_cls_per_layer"]) == 2 and res["pib_cls_per_layer"][-1] == res["pib_cls"]

@@ -72,6 +72,31 @@ def _run(root, data, ckpt, task, *extra):
         mp.undo()
 
 
+@torch.no_grad()
+def _pib_recomputed(ckpt, data, res):
+    """PiB of the encoder's [CLS] and of LaSt-ViT's aggregated token, and the share of votes in the box, from the
+    model's plain forward on the same crops (not through analysis.tasks)."""
+    import backbones
+    from analysis.boxes import boxes_to_patch_mask, map_boxes
+    from analysis.data import eval_crop, iter_samples, open_dataset
+    model = backbones.backbone_from_checkpoint(ckpt).eval()
+    hits, agg_hits, shares = [], [], []
+    for s in iter_samples(open_dataset("voc", str(data), "val", boxes=True, image_set="Segmentation")):
+        x, rc = eval_crop(s.image, res["resize"], res["crop"])
+        y = model.forward_features(x[None])
+        g = res["crop"] // model.patch_size
+        box = boxes_to_patch_mask(map_boxes(s.boxes, rc), (g, g), model.patch_size)
+        patch = y[0, model.num_prefix_tokens:]
+        top = lambda tok: int(torch.nn.functional.cosine_similarity(patch, tok[None], dim=-1).argmax())  # noqa: E731
+        hits.append(bool(box[top(y[0, 0])]))
+        if model.aggregator is not None:
+            agg, votes = model.aggregator(patch[None])
+            agg_hits.append(bool(box[top(agg[0])]))
+            shares.append(float((votes[0] * box).sum() / votes[0].sum()))
+    pct = lambda h: 100 * sum(h) / len(h) if h else None  # noqa: E731
+    return pct(hits), pct(agg_hits), (100 * sum(shares) / len(shares) if shares else None)
+
+
 @pytest.mark.parametrize("task", TASKS)
 def test_every_task_writes_results_and_pngs(setup, task):
     root, data, ckpts = setup
@@ -88,6 +113,7 @@ def test_every_task_writes_results_and_pngs(setup, task):
         assert m[task] * 5 / 100 == pytest.approx(round(m[task] * 5 / 100))  # a whole number of images
     if task == "pib":
         assert len(m["pib_per_layer"]) == 2 and m["pib_per_layer"][-1] == m["pib"]
+        assert m["pib"] == pytest.approx(_pib_recomputed(ckpts["softmax"], data, saved)[0])
         assert list(out.glob("events.out.tfevents.*"))  # figures also went to TensorBoard
     if task == "attention":
         assert m["zero_share"] == 0.0 and len(m["per_head"]["all"]["entropy"]) == 2  # softmax: no exact zeros
@@ -101,8 +127,10 @@ def test_lastvit_vote_maps_and_checkpoint_variant_names_the_run(setup):
     root, data, ckpts = setup
     res = _run(root, data, ckpts["entmax+lastvit"], "pib", "--no-tensorboard")
     assert res["variant"] == "entmax+lastvit"
-    votes = res["metrics"]["votes"]
-    assert 0 <= votes["share_of_votes_in_box"] <= 100
+    m = res["metrics"]
+    cls_pib, agg_pib, share = _pib_recomputed(ckpts["entmax+lastvit"], data, res)
+    assert (m["pib_cls"], m["pib_aggregated"]) == (pytest.approx(cls_pib), pytest.approx(agg_pib))
+    assert m["votes"]["share_of_votes_in_box"] == pytest.approx(share, abs=1e-3)
     out = sorted((root / "runs" / "entmax+lastvit" / "analysis" / "pib").glob("version_*"))[-1]
     assert (out / "vote_maps.png").is_file()
     # a second run never overwrites the first

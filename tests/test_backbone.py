@@ -156,13 +156,23 @@ def test_explicit_attention_path_equals_fused_path(variant):
     assert torch.allclose(g_fused, g_explicit, atol=1e-5)
 
 
-def test_sparse_normaliser_runs_in_fp32_under_autocast():
-    norm = build_normalizer("entmax15")
-    s = torch.randn(2, 2, 7, 7)
+@pytest.mark.parametrize("name,ref", [("entmax15", entmax.entmax15), ("sparsemax", entmax.sparsemax)])
+def test_sparse_normaliser_runs_in_fp32_under_autocast(name, ref, monkeypatch):
+    """Decisive on a fixed input: the bf16 result must be the fp32 result rounded once, bit for bit. The same op
+    computed in bf16 misses that on this input (checked below), so a bf16-only normaliser cannot pass."""
+    s = (torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)) * 3).bfloat16()
+    expected = ref(s.float(), dim=-1).bfloat16()
+    assert not torch.equal(ref(s, dim=-1), expected)  # computing in bf16 is distinguishable here
+    from backbones import entmax_fast
+    seen = []
+    op = getattr(entmax_fast, name)
+    monkeypatch.setattr(entmax_fast, name, lambda x, dim: seen.append((x.dtype, torch.is_autocast_enabled("cpu")))
+                        or op(x, dim=dim))
+    norm = build_normalizer(name)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = norm(s.bfloat16())
-    assert out.dtype == torch.bfloat16
-    assert torch.allclose(out.float(), entmax.entmax15(s.bfloat16().float(), dim=-1), atol=1e-2)
+        out = norm(s)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, expected)
+    assert seen == [(torch.float32, False)]
 
 
 def test_registers_add_n_times_d_parameters_and_never_leak():
@@ -294,8 +304,12 @@ def test_vit_s16_variants_forward_backward_224_and_96(variant):
         out = model(x)
         assert out.shape == (1, 384) and torch.isfinite(out).all()
         out.square().mean().backward()
-        assert all(p.grad is not None for n, p in model.named_parameters() if n != "reg_token") \
-            or variant == "registers"
+        # every parameter gets a gradient, registers included (they reach [CLS] through attention); values
+        # may be 0 where drop path dropped a branch for this one image
+        missing = [n for n, p in model.named_parameters() if p.grad is None]
+        assert not missing, missing
+        if variant == "registers":
+            assert model.reg_token.grad.abs().sum() > 0
         model.zero_grad()
 
 

@@ -1,5 +1,6 @@
 """Checkpoint import: project format, metadata checks and refusal of unusable files."""
 import argparse
+from pathlib import Path
 
 import pytest
 import torch
@@ -55,11 +56,16 @@ def test_missing_and_unexpected_keys_are_named_unless_allowed(tmp_path):
                                                                      "unexpected": ["extra.weight"]}
 
 
-def test_checkpoint_needing_pickle_is_refused(tmp_path):
-    path = tmp_path / "pickled.pth"
-    torch.save({"teacher": {}, "args": argparse.Namespace(arch="vit_small")}, path)  # as DINO saves
-    with pytest.raises(CheckpointError, match="weights_only=True"):
-        backbones.load_checkpoint(backbones.create_vit("vit_test_patch8"), path)
+def test_checkpoint_needing_pickle_is_refused_but_dino_args_are_read(tmp_path):
+    model = backbones.create_vit("vit_test_patch8")
+    path = tmp_path / "dino.pth"  # main_dino.py saves its args as a Namespace: read, not refused
+    torch.save({"teacher": {f"backbone.{k}": v for k, v in model.state_dict().items()},
+                "args": argparse.Namespace(arch="vit_small")}, path)
+    assert backbones.load_checkpoint(backbones.create_vit("vit_test_patch8"), path)["missing"] == []
+    pickled = tmp_path / "pickled.pth"
+    torch.save({"teacher": {}, "args": argparse.Namespace(out=Path("/tmp"))}, pickled)  # a Path is code to run
+    with pytest.raises(CheckpointError, match=r"weights-only one: it holds a pathlib.*weights_only=True"):
+        backbones.load_checkpoint(model, pickled)
 
 
 def test_truncated_and_foreign_files_are_refused(tmp_path):
@@ -71,7 +77,7 @@ def test_truncated_and_foreign_files_are_refused(tmp_path):
         backbones.load_checkpoint(backbones.create_vit("vit_test_patch8"), bad)
     foreign = tmp_path / "notes.pth"
     foreign.write_text("hello")
-    with pytest.raises(CheckpointError, match="truncated or foreign"):
+    with pytest.raises(CheckpointError, match="a text file .starts 'hello'., not a torch checkpoint"):
         backbones.load_checkpoint(backbones.create_vit("vit_test_patch8"), foreign)
     other = tmp_path / "other.pth"
     torch.save({"optimizer": {"lr": 0.1}}, other)

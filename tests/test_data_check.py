@@ -53,7 +53,7 @@ def test_miniature_good_then_bad(tmp_path, capsys):
 def test_depth_all_invalid_is_reported(tmp_path, capsys):
     mini.write_kitti(tmp_path)
     p = next((tmp_path / "depth/val").rglob("*.png"))
-    Image.fromarray(np.zeros((mini.H, mini.W), np.uint16)).save(p)
+    Image.fromarray(np.zeros(mini.KITTI_HW, np.uint16)).save(p)
     assert main(["--task", "kitti", "--data-root", str(tmp_path), "--no-progress"]) == 1
     out = capsys.readouterr().out
     assert "(3 lines, 1 without ground truth)" in out and "no depth value inside (0.001, 80.0)" in out

@@ -156,7 +156,7 @@ def test_layout_missing_under_root(tmp_path):
 
 
 def test_unknown_dataset_name_and_split():
-    with pytest.raises(UnknownDatasetError, match="unknown dataset 'coco'; valid names: imagenet, voc, voc_aug"):
+    with pytest.raises(UnknownDatasetError, match="unknown dataset 'coco'; valid names: imagenet, voc, voc07, voc_aug"):
         build_dataset("coco", "/x", "train")
     assert issubclass(UnknownDatasetError, DatasetError) and issubclass(DatasetError, ValueError)
     with pytest.raises(ValueError, match="unknown split 'training', valid"):

@@ -149,9 +149,10 @@ def test_kitti_depth_over_256_and_split_paths():
     item, rec = ds[0], ds.samples[0]
     assert "depth/val" in str(rec["depth"])  # BTS relative path resolved under depth/val/
     raw = np.asarray(Image.open(rec["depth"])).astype(np.float64)
-    np.testing.assert_allclose(item["depth"].numpy(), raw / 256.0, rtol=1e-6)
+    assert raw.shape == (375, 1242)
+    np.testing.assert_allclose(item["depth"].numpy(), raw[23:, 13:1229] / 256.0, rtol=1e-6)  # KB crop
     assert item["focal"] == pytest.approx(721.5377)
-    assert item["image"].shape == (3, 375, 1242)
+    assert item["image"].shape == (3, 352, 1216)
     assert (item["depth"] == 0).float().mean() > 0.5  # sparse LiDAR ground truth
 
 

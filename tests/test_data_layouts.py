@@ -103,8 +103,9 @@ def test_kitti_none_lines_and_train_val_gt_folders(tmp_path):
     ds = build_dataset("kitti", tmp_path, "test")
     assert (ds.num_lines, ds.num_without_gt, len(ds)) == (3, 1, 2)
     assert "depth/train" in str(ds.samples[0]["depth"]) and "depth/val" in str(ds.samples[1]["depth"])
-    for i, rec in enumerate(ds.samples):
-        np.testing.assert_allclose(ds[i]["depth"].numpy(), gt[str(rec["image"].relative_to(tmp_path / "raw"))])
+    for i, rec in enumerate(ds.samples):  # KB crop of 375x1242: rows 23:375, cols 13:1229
+        np.testing.assert_allclose(ds[i]["depth"].numpy(), gt[str(rec["image"].relative_to(tmp_path / "raw"))][23:, 13:1229])
+        assert ds[i]["image"].shape == (3, 352, 1216)
 
 
 def test_imagenet_boxes_from_xml_folder_and_loc_csv(tmp_path):

@@ -116,13 +116,16 @@ def test_eval_depth_mask_crops_and_ranges_hand_counted():
     d[100, 100], d[101, 100], d[102, 100] = 0.0, 10.0, 9.99  # unknown, at max (excluded), inside
     m = eval_depth_mask("nyu", d)
     assert not m[100, 100] and not m[101, 100] and m[102, 100]
-    k = torch.full((375, 1242), 20.0)
-    # Garg: rows int(0.40810811*375)=153 .. int(0.99189189*375)=371, cols int(0.03594771*1242)=44 .. 1197
-    assert int(eval_depth_mask("kitti", k).sum()) == (371 - 153) * (1197 - 44)
+    k = torch.full((352, 1216), 20.0)  # KB-cropped frame
+    # Garg: rows int(0.40810811*352)=143 .. int(0.99189189*352)=349, cols int(0.03594771*1216)=43 .. 1172
+    assert int(eval_depth_mask("kitti", k).sum()) == (349 - 143) * (1172 - 43)
     k[200, 200] = 80.0
     assert not eval_depth_mask("kitti", k)[200, 200]
-    s = torch.full((2, 30, 40), 3.0)
-    assert eval_depth_mask("sunrgbd", s).all() and eval_depth_mask("sunrgbd", s * 4).sum() == 0
+    # SUN RGB-D: clipped at 8 m first (12 m counts), Eigen crop at fixed indices (clipped by a small frame)
+    s = torch.full((2, 60, 80), 3.0)
+    assert int(eval_depth_mask("sunrgbd", s).sum()) == 2 * (60 - 45) * (80 - 41)
+    assert torch.equal(eval_depth_mask("sunrgbd", s * 4), eval_depth_mask("sunrgbd", s))
+    assert eval_depth_mask("sunrgbd", s * 0).sum() == 0
     with pytest.raises(ValueError, match="no depth evaluation settings"):
         eval_depth_mask("voc", s)
 

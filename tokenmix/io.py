@@ -6,10 +6,12 @@ Checkpoints are always read with ``torch.load(..., weights_only=True)``.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
 import pickle
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -62,19 +64,69 @@ def atomic_json_dump(obj: Any, path: str | os.PathLike, **kwargs) -> None:
         f.write("\n")
 
 
+# The only non-tensor object allowed in a checkpoint: DINO's main_dino.py saves its args as a Namespace
+# (so do the released *_full_checkpoint.pth files). Namespace restores attributes only, it runs no code.
+SAFE_GLOBALS = (argparse.Namespace,)
+_ZIP_MAGIC = b"PK\x03\x04"
+_LEGACY_TORCH_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"  # pickle of torch's legacy magic number
+
+
+def describe_file(head: bytes) -> str:
+    """What the first bytes of a file say it is: 'torch zip', 'legacy torch', 'pickle', 'text' or 'unknown'."""
+    if head.startswith(_ZIP_MAGIC):
+        return "torch zip"
+    if head.startswith(_LEGACY_TORCH_MAGIC):
+        return "legacy torch"
+    if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
+        return "pickle"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "unknown"
+    return "text" if all(c.isprintable() or c in "\r\n\t" for c in text) else "unknown"
+
+
 def safe_torch_load(path: str | os.PathLike) -> Any:
-    """``torch.load(weights_only=True)`` with errors that say what is wrong with the file."""
+    """``torch.load(weights_only=True)`` (tensors, containers and ``argparse.Namespace`` only) with errors that say
+    what the file is not.
+
+    >>> safe_torch_load("notes.txt")  # doctest: +SKIP
+    CheckpointError: notes.txt: a text file (starts 'hello'), not a torch checkpoint ...
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    with open(path, "rb") as f:
+        head = f.read(64)
+    kind = describe_file(head)
+    if not head:
+        raise CheckpointError(f"{path}: an empty file, not a torch checkpoint (an interrupted copy or download?).")
+    if kind == "text":
+        first = head.decode("utf-8").splitlines()[0][:40] if head.strip() else ""
+        raise CheckpointError(f"{path}: a text file (starts {first!r}), not a torch checkpoint: torch.save writes a "
+                              "zip archive. Point to the .pth/.ckpt file itself.")
+    if kind == "pickle":
+        raise CheckpointError(f"{path}: a plain pickle (pickle.dump), not a torch checkpoint; tokenmix never "
+                              "unpickles such files. Re-save the tensors with torch.save from a trusted session.")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        if kind == "unknown":
+            raise CheckpointError(f"{path}: not a torch checkpoint (neither a zip archive nor a legacy torch file; "
+                                  f"first bytes {head[:8]!r}).") from e
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = f"a {found.group(1)} object" if found else "pickled objects"
         raise CheckpointError(
-            f"{path}: refused by torch.load(weights_only=True) because it needs arbitrary pickled "
-            f"objects ({str(e).splitlines()[0][:200]}). tokenmix never unpickles code. Re-save the "
-            "tensors only, e.g. torch.save(ckpt['state_dict'], 'weights.pth'), from a trusted session.") from e
+            f"{path}: a torch checkpoint, but not a weights-only one: it holds {what}, and only tensors, "
+            "containers and argparse.Namespace are read (torch.load(weights_only=True); tokenmix never unpickles "
+            "code). Re-save the tensors only, e.g. torch.save(ckpt['state_dict'], 'weights.pth'), from a trusted "
+            "session.") from e
     except Exception as e:  # truncated zips fail in many ways (EOFError, KeyError, RuntimeError, ...)
+        if kind == "unknown":
+            raise CheckpointError(f"{path}: not a torch checkpoint (neither a zip archive nor a legacy torch file; "
+                                  f"first bytes {head[:8]!r}).") from e
         raise CheckpointError(
-            f"{path}: not a readable torch checkpoint (truncated or foreign file: {str(e).splitlines()[0][:200]}). "
+            f"{path}: truncated or foreign file: it starts as a torch checkpoint but cannot be read "
+            f"({str(e).splitlines()[0][:200]}). "
             "Use the previous checkpoint in the same folder, or re-export it.") from e

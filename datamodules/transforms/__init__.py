@@ -5,9 +5,11 @@ from .classification import (ClassificationEval, ClassificationTrain, RandomHori
                              ResizeCenterCrop)
 from .common import IMAGENET_MEAN, IMAGENET_STD, Compose, Normalize, round_to_multiple
 from .dense import ResizeToPatchMultiple, SegmentationEval, SegmentationTrain
-from .depth import DEPTH_RANGES, EVAL_CROP, DepthEval, DepthTrain, depth_config, eval_depth_mask
+from .depth import (DEPTH_RANGES, EVAL_CLIP, EVAL_CROP, KB_CROP, DepthEval, DepthTrain, depth_clip, depth_config,
+                    eval_depth_mask, kb_crop_box)
 
 __all__ = ["ClassificationEval", "ClassificationTrain", "RandomHorizontalFlip", "RandomResizedCrop",
            "ResizeCenterCrop", "IMAGENET_MEAN", "IMAGENET_STD", "Compose", "Normalize", "round_to_multiple",
            "ResizeToPatchMultiple", "SegmentationEval", "SegmentationTrain", "DEPTH_RANGES", "EVAL_CROP",
-           "DepthEval", "DepthTrain", "depth_config", "eval_depth_mask"]
+           "EVAL_CLIP", "KB_CROP", "DepthEval", "DepthTrain", "depth_clip", "depth_config", "eval_depth_mask",
+           "kb_crop_box"]

@@ -1,11 +1,14 @@
-"""Depth views and the evaluation mask.
+"""Depth views, the KITTI KB crop and the evaluation protocol of each dataset.
 
-``eval_depth_mask(name, depth)`` = valid pixels for metrics: the dataset's eval crop AND min < gt < max, with
-the per-dataset ranges in ``DEPTH_RANGES`` (one table). Crops:
-  * NYUv2 Eigen crop: rows 45:471, cols 41:601 of 480x640 (other sizes: the same fractions, e.g. demo data);
-  * KITTI Garg crop: rows 0.40810811-0.99189189, cols 0.03594771-0.96405229 of H/W (constants of the BTS /
-    Monodepth eval code);
-  * SUN RGB-D: no crop.
+The protocols are those of zhyever/Monocular-Depth-Estimation-Toolbox (``depth/datasets/{nyu,sunrgbd,kitti}.py``),
+which the DINOv2 line of work evaluates with. One table each: ``DEPTH_RANGES`` (min < gt < max),
+``EVAL_CROP`` and ``EVAL_CLIP``. ``eval_depth_mask(name, depth)`` = the eval crop AND min < gt < max.
+  * NYUv2: Eigen crop rows 45:471, cols 41:601 of 480x640 (other sizes: the same fractions, e.g. demo data).
+  * SUN RGB-D: gt and prediction clipped at 8 m first (so every gt > 0 counts, 8 m at most), then the Eigen
+    crop at the same absolute indices [45:471, 41:601] whatever the frame size ('eigen_abs').
+  * KITTI: input and gt KB-cropped to 352x1216 (``kb_crop``: top = H - 352, left = (W - 1216) // 2, done by
+    ``KITTIDataset``), then the Garg crop rows 0.40810811-0.99189189, cols 0.03594771-0.96405229 of the
+    *cropped* map.
 """
 from __future__ import annotations
 
@@ -16,7 +19,9 @@ from .common import Normalize, crop, hflip, randint
 from .dense import ResizeToPatchMultiple, _check_multiple
 
 DEPTH_RANGES = {"nyuv2": (1e-3, 10.0), "sunrgbd": (1e-3, 10.0), "kitti": (1e-3, 80.0)}
-EVAL_CROP = {"nyuv2": "eigen", "sunrgbd": None, "kitti": "garg"}
+EVAL_CROP = {"nyuv2": "eigen", "sunrgbd": "eigen_abs", "kitti": "garg"}
+EVAL_CLIP = {"nyuv2": None, "sunrgbd": 8.0, "kitti": None}  # gt and prediction clipped above, before the mask
+KB_CROP = (352, 1216)  # KITTI (h, w), bottom-centre
 _ALIASES = {"nyu": "nyuv2", "demo_nyu": "nyuv2", "sun": "sunrgbd"}
 
 
@@ -28,6 +33,18 @@ def depth_config(name: str) -> tuple[str, float, float, str | None]:
     return key, lo, hi, EVAL_CROP[key]
 
 
+def depth_clip(name: str) -> float | None:
+    """The upper clip of gt and prediction before evaluation (SUN RGB-D: 8 m), None for none."""
+    return EVAL_CLIP[depth_config(name)[0]]
+
+
+def kb_crop_box(H: int, W: int, h: int = KB_CROP[0], w: int = KB_CROP[1]) -> tuple[int, int, int, int]:
+    """(top, left, h, w) of the KB crop: the bottom ``h`` rows, ``w`` columns centred (left = (W - w) // 2)."""
+    if H < h or W < w:
+        raise ValueError(f"KB crop needs a frame of at least {h}x{w}, got {H}x{W} (KITTI frames are ~375x1242)")
+    return H - h, (W - w) // 2, h, w
+
+
 def crop_mask(kind: str | None, H: int, W: int) -> torch.Tensor:
     m = torch.zeros(H, W, dtype=torch.bool)
     if kind is None:
@@ -37,20 +54,26 @@ def crop_mask(kind: str | None, H: int, W: int) -> torch.Tensor:
             m[45:471, 41:601] = True
         else:  # same fractions of the frame (only the demo data / resized copies need this)
             m[int(45 / 480 * H):int(471 / 480 * H), int(41 / 640 * W):int(601 / 640 * W)] = True
+    elif kind == "eigen_abs":  # the toolbox's SUN RGB-D mask: fixed indices, clipped by the frame
+        m[45:471, 41:601] = True
     elif kind == "garg":
         m[int(0.40810811 * H):int(0.99189189 * H), int(0.03594771 * W):int(0.96405229 * W)] = True
     else:
-        raise ValueError(f"unknown depth eval crop {kind!r} (eigen, garg or None)")
+        raise ValueError(f"unknown depth eval crop {kind!r} (eigen, eigen_abs, garg or None)")
     return m
 
 
 def eval_depth_mask(name: str, depth: torch.Tensor, crop: str | None | bool = True) -> torch.Tensor:
     """Bool mask of the pixels that count in the metrics, same shape as ``depth`` ((H, W) or (B, H, W)).
 
-    crop=True uses the dataset's standard crop, False/None none, or a crop name ('eigen', 'garg')."""
+    crop=True uses the dataset's standard crop, False/None none, or a crop name ('eigen', 'garg', ...).
+    The dataset's clip (SUN RGB-D 8 m) applies first, as in the toolbox: a 12 m pixel counts, as 8 m."""
     _, lo, hi, kind = depth_config(name)
     if crop is not True:
         kind = crop or None
+    clip = depth_clip(name)
+    if clip is not None:
+        depth = depth.clamp(max=clip)
     H, W = depth.shape[-2:]
     return crop_mask(kind, H, W).to(depth.device) & (depth > lo) & (depth < hi)
 

@@ -13,6 +13,7 @@ from PIL import Image
 from datamodules.voc import voc_palette
 
 H, W = 32, 40
+KITTI_HW = (375, 1242)  # the KB crop needs at least 352x1216
 
 
 def _rng(seed):
@@ -168,18 +169,19 @@ def write_sunrgbd(root: Path, seed=0) -> dict:
 
 
 def write_kitti(root: Path, seed=0) -> dict:
-    """Two frames with ground truth (one under depth/train, one under depth/val) and one 'None' line."""
+    """Two frames with ground truth (one under depth/train, one under depth/val) and one 'None' line, at KITTI's
+    375x1242 (the loader KB-crops to 352x1216); returns the full-frame gt per rgb path."""
     rng, root = _rng(seed), Path(root)
     gt, lines = {}, []
     drive = "2011_09_26_drive_0002_sync"
     for j, sub in enumerate(("train", "val", None)):
         rgb = f"2011_09_26/{drive}/image_02/data/{j:010d}.png"
-        _save(_rgb(rng), root / "raw" / rgb)
+        _save(_rgb(rng, *KITTI_HW), root / "raw" / rgb)
         if sub is None:
             lines.append(f"{rgb} None 721.5377")
             continue
         dep = f"{drive}/proj_depth/groundtruth/image_02/{j:010d}.png"
-        raw = rng.integers(0, 80 * 256, (H, W)).astype(np.uint16)
+        raw = rng.integers(0, 80 * 256, KITTI_HW).astype(np.uint16)
         _save(raw, root / "depth" / sub / dep)
         lines.append(f"{rgb} {dep} 721.5377")
         gt[rgb] = raw.astype(np.float32) / 256
