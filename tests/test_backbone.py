@@ -166,8 +166,8 @@ def test_sparse_normaliser_runs_in_fp32_under_autocast(name, ref, monkeypatch):
     from backbones import entmax_fast
     seen = []
     op = getattr(entmax_fast, name)
-    monkeypatch.setattr(entmax_fast, name, lambda x, dim: seen.append((x.dtype, torch.is_autocast_enabled("cpu")))
-                        or op(x, dim=dim))
+    monkeypatch.setattr(entmax_fast, name, lambda x, dim, **kw: seen.append((x.dtype, torch.is_autocast_enabled("cpu")))
+                        or op(x, dim=dim, **kw))
     norm = build_normalizer(name)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = norm(s)

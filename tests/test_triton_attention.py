@@ -173,7 +173,7 @@ def test_autocast_fallback_runs_bf16_matmuls_and_fp32_normaliser(kind, monkeypat
 
     norm_dtypes = []
     op = getattr(entmax_fast, kind)
-    monkeypatch.setattr(entmax_fast, kind, lambda s, dim=-1: (norm_dtypes.append(s.dtype), op(s, dim=dim))[1])
+    monkeypatch.setattr(entmax_fast, kind, lambda s, dim=-1, **kw: (norm_dtypes.append(s.dtype), op(s, dim=dim, **kw))[1])
     torch.manual_seed(0)
     layer = TokenMixAttention(64, num_heads=2, qkv_bias=True, normalizer=kind)
     x = torch.randn(2, 37, 64) * 2
