@@ -43,13 +43,14 @@ class TokenMixViT(VisionTransformer):
     def __init__(self, *, arch: str, variant: str = "softmax", num_registers: int = 4,
                  spec_blocks: Optional[Sequence[int]] = None, spec_components: Sequence[str] = COMPONENTS,
                  lastvit_k: int = 1, lastvit_sigma: Optional[float] = None, alpha: float = 1.5,
-                 bisect_iters: int = 50, **vit_kwargs: Any) -> None:
+                 bisect_iters: int = 50, lastvit_reference: bool = False, num_classes: int = 0,
+                 **vit_kwargs: Any) -> None:
         spec = parse_variant(variant)
         if spec.strategy == "specialization":
             spec_blocks = tuple(range(4)) if spec_blocks is None else tuple(int(b) for b in spec_blocks)
             vit_kwargs["block_fn"] = partial(SpecializedBlock, spec_blocks=spec_blocks, components=tuple(spec_components))
         vit_kwargs.setdefault("norm_layer", partial(nn.LayerNorm, eps=1e-6))
-        super().__init__(num_classes=0, global_pool="token", qkv_bias=True, mlp_ratio=4.0,
+        super().__init__(num_classes=num_classes, global_pool="token", qkv_bias=True, mlp_ratio=4.0,
                          dynamic_img_size=True, attn_layer=TokenMixAttention, **vit_kwargs)
         self.arch, self.variant, self.spec = arch, spec.name, spec
         self.patch_size = self.patch_embed.patch_size[0]
@@ -67,7 +68,8 @@ class TokenMixViT(VisionTransformer):
         self.num_reg_tokens = n_reg
         self.num_prefix_tokens = 1 + n_reg
 
-        self.aggregator = (FrequencyTopKPooling(self.embed_dim, k=lastvit_k, sigma=lastvit_sigma)
+        self.aggregator = (FrequencyTopKPooling(self.embed_dim, k=lastvit_k, sigma=lastvit_sigma,
+                                                reference=lastvit_reference)
                      if spec.strategy == "lastvit" else None)
 
         self.config: dict[str, Any] = {"arch": arch, "variant": spec.name}
@@ -77,6 +79,10 @@ class TokenMixViT(VisionTransformer):
             self.config.update(spec_blocks=list(spec_blocks), spec_components=list(spec_components))
         if spec.strategy == "lastvit":
             self.config.update(lastvit_k=lastvit_k, lastvit_sigma=lastvit_sigma)
+            if lastvit_reference:
+                self.config["lastvit_reference"] = True
+        if num_classes:  # classifier head on the [CLS] / aggregated token (label-supervised training)
+            self.config["num_classes"] = num_classes
         if spec.normalizer == "entmax_bisect":
             self.config.update(alpha=alpha, bisect_iters=bisect_iters)
 
@@ -115,8 +121,9 @@ class TokenMixViT(VisionTransformer):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The [CLS] output (B, D) after the final norm; for ``lastvit`` the aggregated token."""
-        return self._split(self.forward_features(x), last=True, votes=False)["cls"]
+        """The [CLS] output (B, D) after the final norm (``lastvit``: the aggregated token); with
+        ``num_classes`` > 0 the logits of the linear ``head`` on it."""
+        return self.head(self._split(self.forward_features(x), last=True, votes=False)["cls"])
 
     def extract(self, images: torch.Tensor, n_last_blocks: int = 1, blocks: Optional[Sequence[int]] = None,
                 votes: bool = False) -> list[dict[str, torch.Tensor]]:
