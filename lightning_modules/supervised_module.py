@@ -257,6 +257,7 @@ class SupervisedSummary(pl.Callback):
             return
         init, final = pl_module.random_init, pl_module.last_val
         summary = {"objective": KIND, "variant": pl_module.hparams.variant, "arch": pl_module.hparams.arch,
+                   "data": getattr(trainer.datamodule, "data", None),
                    "steps": trainer.global_step, "epochs": trainer.current_epoch,
                    "loss_start": sum(self.first) / len(self.first) if self.first else None,
                    "loss_end": sum(self.last) / len(self.last) if self.last else None,
