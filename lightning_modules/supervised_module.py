@@ -253,6 +253,7 @@ class SupervisedSummary(pl.Callback):
             self.last = (self.last + [loss])[-self.window:]
 
     def on_train_end(self, trainer, pl_module):
+        log_dir = trainer.log_dir or trainer.default_root_dir  # a broadcast under DDP: every rank calls it
         if trainer.global_rank != 0:
             return
         init, final = pl_module.random_init, pl_module.last_val
@@ -265,7 +266,7 @@ class SupervisedSummary(pl.Callback):
                    "val_top1_random_init": init.get("val_top1"), "val_top5_random_init": init.get("val_top5"),
                    "val_top1_gain": None if not init or not final else final["val_top1"] - init["val_top1"],
                    "fit_wall_s": None if self._t0 is None else round(time.perf_counter() - self._t0, 1)}
-        path = Path(trainer.log_dir or trainer.default_root_dir) / "summary.json"
+        path = Path(log_dir) / "summary.json"
         atomic_json_dump(summary, path)
         rank_zero_info("supervised summary: " + ", ".join(
             f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()))

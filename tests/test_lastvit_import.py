@@ -10,6 +10,8 @@ import torchvision
 import backbones
 from tokenmix.io import CheckpointError
 
+pytestmark = pytest.mark.timeout(120)  # default for the quick tests; slow ones carry their own
+
 
 def released_forward(tv: torchvision.models.VisionTransformer, images: torch.Tensor) -> torch.Tensor:
     """``dense_vit.forward`` of the release, K=1, written out."""

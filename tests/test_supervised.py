@@ -10,6 +10,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import backbones
 from lightning_modules.supervised_module import SupervisedModule, lr_multiplier
 
+pytestmark = pytest.mark.timeout(120)  # default for the quick tests; slow ones carry their own
+
 
 def test_lr_multiplier_is_detectron2_warmup_cosine():
     # hand-worked from fvcore: cosine(t) = 0.001 + 0.5 * 0.999 * (1 + cos(pi t)); linear warm-up over the first
@@ -100,3 +102,32 @@ def test_dino_checkpoint_loader_still_refuses_supervised_for_dino_resume(trained
         validate_pretrain_checkpoint(obj, ckpt)
     with pytest.raises(CheckpointError, match="not a supervised one"):
         validate_supervised_checkpoint({"state_dict": {}, "tokenmix": {"kind": "dino_pretrain"}}, "x.ckpt")
+
+
+def test_vote_box_stats_hand_worked():
+    from analysis.votes import vote_box_stats
+    votes = torch.tensor([[3, 1, 0, 0], [0, 0, 2, 2]])  # 4 votes per image over a 2x2 grid
+    masks = torch.tensor([[True, False, False, True], [True, True, False, False]])
+    s = vote_box_stats(votes, masks)
+    assert s["share_in_box"].tolist() == [0.75, 0.0]
+    assert s["top_in_box"].tolist() == [1.0, 0.0]
+    assert s["chance"].tolist() == [0.5, 0.5]
+    assert s["top1_share"].tolist() == [0.75, 0.5]
+    assert s["patches_with_votes"].tolist() == [2.0, 2.0]
+
+
+def test_report_has_supervised_rows_and_lastvit_reference(tmp_path):
+    import json
+
+    from analysis.report_supervised import supervised_section
+    run = tmp_path / "lastvit" / "pretrain" / "supervised_demo" / "version_0"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"objective": "supervised", "data": "demo", "val_top1": 91.25,
+                                                  "val_top5": 100.0, "val_top1_random_init": 12.5, "steps": 300}))
+    dino = tmp_path / "softmax" / "pretrain" / "demo" / "version_0"
+    dino.mkdir(parents=True)
+    (dino / "summary.json").write_text(json.dumps({"knn_top1": 80.0}))
+    text = "\n".join(supervised_section(tmp_path))
+    assert "| lastvit [demo] | 91.25 | 100.00 | 12.50 | 300 | not run |" in text
+    assert "softmax" not in text.split("| run |")[1].split("*paper")[0]  # DINO runs are not supervised rows
+    assert "| 67.40 | 87.60 |" in text and "| 67.60 | 87.80 |" in text

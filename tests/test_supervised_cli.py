@@ -10,6 +10,8 @@ import yaml
 
 from lightning_modules import supervised
 
+pytestmark = pytest.mark.timeout(120)  # default for the quick tests; slow ones carry their own
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = {
     "seed_everything": 0,
@@ -102,6 +104,7 @@ def test_resume_continues_and_dino_checkpoint_is_refused(lastvit_run, tmp_path, 
     assert "not a supervised one" in capsys.readouterr().err
 
 
+@pytest.mark.timeout(300)
 def test_bad_inputs_fail_fast(tmp_path, capsys):
     assert supervised.main(["--variant", "nope", "--runs-dir", str(tmp_path)]) == 2
     assert supervised.main(["--variant", "lastvit", "--data", "imagenet", "--runs-dir", str(tmp_path)]) == 2
@@ -116,9 +119,16 @@ def test_bad_inputs_fail_fast(tmp_path, capsys):
 def test_two_process_ddp_on_cpu(tmp_path):
     """2 ranks (gloo): the sampler shards the batches, val metrics are synced by torchmetrics on every rank, rank 0
     alone writes summary.json; no rank-0-only collective, so it finishes."""
+    import os
+    import subprocess
+    import sys
     runs = tmp_path / "runs"
-    rc = supervised.main(["--variant", "softmax", "--preset", str(_preset(tmp_path, max_epochs=1)), "--runs-dir",
-                          str(runs), "--trainer.devices=2", "--trainer.strategy=ddp_spawn"])
-    assert rc == 0
+    # strategy ddp: Lightning's subprocess launcher re-runs this command line for rank 1, as a user's run would
+    cmd = [sys.executable, "-m", "lightning_modules.supervised", "--variant", "softmax", "--preset",
+           str(_preset(tmp_path, max_epochs=1)), "--runs-dir", str(runs), "--trainer.devices=2",
+           "--trainer.strategy=ddp"]
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
+    assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads((runs / "softmax" / "pretrain" / "supervised_tiny" / "version_0" / "summary.json").read_text())
     assert s["steps"] == 3 and isinstance(s["val_top1"], float) and isinstance(s["val_top1_random_init"], float)
