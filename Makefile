@@ -2,6 +2,7 @@
 # Variables (all optional):  VARIANT=softmax|entmax|registers|specialization|lastvit|entmax+lastvit|...
 #   DATA=demo|<dataset>  DATA_ROOT=<folder with the real dataset>  TASK=<task>  CKPT=<checkpoint>
 #   RESUME=1|<path>  LAYER=<block index>|all  ARGS="<extra LightningCLI / script flags>"
+#   OBJECTIVE=dino|supervised (make pretrain: DINO self-distillation, or LaSt-ViT's label-supervised recipe)
 SHELL := /bin/bash
 PY := .venv/bin/python
 VARIANT ?= softmax
@@ -13,6 +14,8 @@ RESUME ?=
 LAYER ?=
 OUT ?=
 ARGS ?=
+OBJECTIVE ?= dino
+PRETRAIN_ENTRY = $(if $(filter supervised,$(OBJECTIVE)),supervised,$(if $(filter dino,$(OBJECTIVE)),pretrain,$(error OBJECTIVE=$(OBJECTIVE): valid are dino, supervised)))
 
 .PHONY: install test pretrain probe analyze report check-data export bench gpu-check tensorboard demo-data clean
 
@@ -30,7 +33,7 @@ demo-data: install
 	$(PY) -m datamodules.demo
 
 pretrain: install
-	$(PY) -m lightning_modules.pretrain --variant '$(VARIANT)' --data '$(DATA)' --data-root '$(DATA_ROOT)' --resume '$(RESUME)' $(ARGS)
+	$(PY) -m lightning_modules.$(PRETRAIN_ENTRY) --variant '$(VARIANT)' --data '$(DATA)' --data-root '$(DATA_ROOT)' --resume '$(RESUME)' $(ARGS)
 
 export: install
 	$(PY) -m lightning_modules.export --ckpt '$(CKPT)' --variant '$(VARIANT)' --out '$(OUT)'

@@ -82,6 +82,8 @@ EXTRA_COLUMNS: list[Column] = [
            lambda m, r: None if _get(m, "zero_share") is None else 100 * _get(m, "zero_share")),
     Column("pca_top3_var", "PCA top-3 explained variance (%)", "analysis", "pca",
            lambda m, r: None if not m.get("explained_variance_ratio") else 100 * sum(m["explained_variance_ratio"])),
+    Column("votes_in_box", "LaSt votes inside boxes (%)", "analysis", "votes",
+           lambda m, r: _get(m, "share_of_votes_in_box")),
 ]
 
 # Published numbers (docs/REFERENCE.md). Entmax paper: DINOv1 ViT-S/16, 200 epochs, ImageNet-1K; linear probes.
@@ -366,6 +368,8 @@ def main(argv=None) -> Path:
     table, papers = build_table(found, args.baseline), paper_table()
     written = plots(found, out)
     md = markdown(table, papers, written, runs, args.baseline)
+    from .report_supervised import supervised_section  # label-supervised runs + LAST-ViT reference rows
+    md += "\n".join(supervised_section(runs)) + "\n"
     with atomic_write(out / "report.md", "w") as f:
         f.write(md)
     write_csv(table, papers, out / "report.csv")

@@ -1,4 +1,4 @@
-"""``make analyze TASK=<pib|pca|norms|attention|corloc> [VARIANT=... | CKPT=...] [DATA=... DATA_ROOT=...]``.
+"""``make analyze TASK=<pib|pca|norms|attention|corloc|votes> [VARIANT=... | CKPT=...] [DATA=... DATA_ROOT=...]``.
 
 Loads the backbone (CKPT, else the latest pretraining checkpoint of VARIANT), runs one analysis and writes
 ``runs/<variant>/analysis/<task>/version_N/{*.png, results.json}`` plus TensorBoard events in the same folder.
@@ -18,11 +18,14 @@ from tokenmix import paths
 from .data import default_resize, iter_samples, open_dataset
 from .output import AnalysisRun
 from .tasks import RUNNERS, TASKS, Options
+from .votes import run_votes
+
+RUNNERS, TASKS = {**RUNNERS, "votes": run_votes}, (*TASKS, "votes")  # LaSt-ViT vote maps (analysis/votes.py)
 
 # how many images each task uses by default: the protocols use every image with a box (pib, corloc); the
 # descriptive analyses only need a sample
-DEFAULT_MAX_IMAGES = {"pib": 0, "corloc": 0, "pca": 16, "norms": 64, "attention": 32}
-DEFAULT_SPLIT = {"pib": "val", "corloc": "trainval", "pca": "val", "norms": "val", "attention": "val"}
+DEFAULT_MAX_IMAGES = {"pib": 0, "corloc": 0, "pca": 16, "norms": 64, "attention": 32, "votes": 0}
+DEFAULT_SPLIT = {"pib": "val", "corloc": "trainval", "pca": "val", "norms": "val", "attention": "val", "votes": "val"}
 
 
 def sha256(path: Path) -> str:
@@ -102,7 +105,7 @@ def main(argv=None) -> dict:
         kw["image_set"] = "Main"  # LOST protocol: VOC detection trainval lists, not the segmentation subset
     if args.boxes:
         kw["boxes"] = args.boxes
-    need_boxes = task in ("pib", "corloc")
+    need_boxes = task in ("pib", "corloc", "votes")
     dataset = open_dataset(args.data, args.data_root, split, boxes=need_boxes, **kw)
     max_images = DEFAULT_MAX_IMAGES[task] if args.max_images < 0 else args.max_images
     run = AnalysisRun(label, task, tensorboard=not args.no_tensorboard)
@@ -125,7 +128,7 @@ def main(argv=None) -> dict:
 
 def _headline(task: str, m: dict) -> str:
     key = {"pib": "pib", "corloc": "corloc", "norms": "high_norm_share", "attention": "zero_share",
-           "pca": "explained_variance_ratio"}[task]
+           "pca": "explained_variance_ratio", "votes": "share_of_votes_in_box"}[task]
     extra = f", pib_aggregated = {m['pib_aggregated']}" if m.get("pib_aggregated") is not None else ""
     return f"{key} = {m.get(key)}{extra} over {m.get('n_images')} images"
 

@@ -6,11 +6,18 @@
     under DDP (``module.backbone.*``), the teacher plain (``backbone.*``), ``head.*`` dropped; teacher by default, as
     DINO's evaluations do. ``args`` is an ``argparse.Namespace``, allowed by ``tokenmix.io.safe_torch_load``;
 (c) this project's Lightning checkpoints: ``state_dict`` keys ``teacher.backbone.*`` / ``student.backbone.*``
-    and ``checkpoint["tokenmix"]["backbone"]`` = the config that rebuilds the backbone.
+    (label-supervised runs: ``backbone.*``, ``tokenmix.kind == "supervised"``) and
+    ``checkpoint["tokenmix"]["backbone"]`` = the config that rebuilds the backbone;
+(d) torchvision ``VisionTransformer`` weights, plain or in detectron2's layout
+    ``{"model": {"model.<torchvision key>": ...}, "iteration": ...}`` (the LaSt-ViT release), mapped to
+    timm keys by ``torchvision_vit_to_timm``.
+A classifier ``head.*`` is loaded only into a model built with ``num_classes``; a backbone without a head
+(probes, analyses) ignores it.
 """
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -26,6 +33,44 @@ def _strip(sd: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in sd.items()}
 
 
+_TV_RULES = [  # torchvision VisionTransformer key -> timm key (regex, replacement)
+    (r"^class_token$", "cls_token"), (r"^conv_proj\.", "patch_embed.proj."),
+    (r"^encoder\.pos_embedding$", "pos_embed"), (r"^encoder\.ln\.", "norm."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.ln_1\.", r"blocks.\1.norm1."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.ln_2\.", r"blocks.\1.norm2."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.self_attention\.in_proj_(weight|bias)$", r"blocks.\1.attn.qkv.\2"),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.self_attention\.out_proj\.", r"blocks.\1.attn.proj."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.mlp\.(0|linear_1)\.", r"blocks.\1.mlp.fc1."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.mlp\.(3|linear_2)\.", r"blocks.\1.mlp.fc2."),
+    (r"^heads\.head\.", "head."),
+]
+
+
+def is_torchvision_vit(sd: Mapping[str, Any]) -> bool:
+    return "class_token" in sd or "encoder.pos_embedding" in sd
+
+
+def torchvision_vit_to_timm(sd: Mapping[str, Any], source: str = "checkpoint") -> dict[str, Any]:
+    """torchvision ``VisionTransformer`` state dict -> timm/tokenmix keys. Same tensors, same layouts: packed
+    q,k,v ``in_proj`` = timm ``qkv``, pre-norm blocks, LayerNorm eps 1e-6, exact GELU.
+
+    >>> torchvision_vit_to_timm({"class_token": t, "encoder.layers.encoder_layer_0.mlp.3.bias": b})
+    {'cls_token': t, 'blocks.0.mlp.fc2.bias': b}
+    """
+    out, unknown = {}, []
+    for k, v in sd.items():
+        for pat, rep in _TV_RULES:
+            new, n = re.subn(pat, rep, k)
+            if n:
+                out[new] = v
+                break
+        else:
+            unknown.append(k)
+    if unknown:  # e.g. heads.pre_logits (representation_size) has no counterpart in the tokenmix ViT
+        raise CheckpointError(f"{source}: torchvision ViT keys without a tokenmix counterpart: {unknown[:10]}")
+    return out
+
+
 def extract_backbone_state(obj: Any, which: str = "teacher", source: str = "checkpoint") -> tuple[dict, dict]:
     """Return ``(backbone state dict, tokenmix metadata)`` from any supported checkpoint object."""
     if which not in ("teacher", "student"):
@@ -35,7 +80,7 @@ def extract_backbone_state(obj: Any, which: str = "teacher", source: str = "chec
     meta = dict(obj.get("tokenmix") or {}) if isinstance(obj.get("tokenmix"), Mapping) else {}
     if isinstance(obj.get("state_dict"), Mapping):  # (c) Lightning checkpoint
         sd = obj["state_dict"]
-        prefix = f"{which}.backbone."
+        prefix = "backbone." if meta.get("kind") == "supervised" else f"{which}.backbone."
         if not any(k.startswith(prefix) for k in sd):
             raise CheckpointError(f"{source}: Lightning checkpoint without '{prefix}*' keys; not a tokenmix "
                                   f"pretraining checkpoint (first keys: {list(sd)[:5]})")
@@ -43,11 +88,15 @@ def extract_backbone_state(obj: Any, which: str = "teacher", source: str = "chec
     elif isinstance(obj.get(which), Mapping):  # (b) official DINO training checkpoint
         sd = _strip(_strip(obj[which], "module."), "backbone.")
         sd = {k: v for k, v in sd.items() if not k.startswith("head.")}
+    elif isinstance(obj.get("model"), Mapping) and any(str(k).startswith("model.") for k in obj["model"]):
+        sd = {k[len("model."):]: v for k, v in obj["model"].items() if k.startswith("model.")}  # (d) detectron2
     elif all(isinstance(v, torch.Tensor) for v in obj.values()) and obj:  # (a) plain state dict
         sd = _strip(_strip(dict(obj), "module."), "backbone.")
     else:
         raise CheckpointError(f"{source}: unrecognised checkpoint layout (top-level keys: {list(obj)[:8]}); "
                               "expected a ViT state dict, a DINO training checkpoint or a tokenmix .ckpt")
+    if is_torchvision_vit(sd):  # (d) torchvision keys, plain or from the detectron2 layout
+        sd = torchvision_vit_to_timm(sd, source)
     return dict(sd), meta
 
 
@@ -68,6 +117,8 @@ def load_checkpoint(model: TokenMixViT, path: str | Path, strict: bool = True, w
                 f"{path}: checkpoint was trained as {key}={value!r} but the model is {key}={mine[key]!r}. "
                 f"Build the model with backbones.backbone_from_checkpoint('{path}') or pass the matching {key}.")
     own = model.state_dict()
+    if not any(k.startswith("head.") for k in own):  # a feature backbone: a classifier head is not part of it
+        sd = {k: v for k, v in sd.items() if not k.startswith("head.")}
     bad_shapes = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
                   for k, v in sd.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
     if bad_shapes:

@@ -58,11 +58,12 @@ STRATEGY_RULES: dict[Strategy, StrategyRule] = {
         block_fn=lambda kn: partial(SpecializedBlock, spec_sets=specialization_sets(
             tuple(kn["spec_blocks"]), kn["spec_components"], kn["spec_norm_blocks"], kn["spec_qkv_blocks"]))),
     Strategy.LASTVIT: StrategyRule(
-        knobs=("lastvit_k", "lastvit_sigma"),
-        aggregator=lambda dim, kn: FrequencyTopKPooling(dim, k=kn["lastvit_k"], sigma=kn["lastvit_sigma"])),
+        knobs=("lastvit_k", "lastvit_sigma", "lastvit_reference"),
+        aggregator=lambda dim, kn: FrequencyTopKPooling(dim, k=kn["lastvit_k"], sigma=kn["lastvit_sigma"],
+                                                        reference=bool(kn["lastvit_reference"]))),
 }
 NORMALIZER_KNOBS: dict[Normalizer, tuple[str, ...]] = {Normalizer.ENTMAX_BISECT: ("alpha", "bisect_iters")}
-UNSET_OK = ("spec_norm_blocks", "spec_qkv_blocks")  # recorded only when set: older checkpoints stay equal
+UNSET_OK = ("spec_norm_blocks", "spec_qkv_blocks", "lastvit_reference")  # recorded only when set: older checkpoints stay equal
 
 
 class TokenMixViT(VisionTransformer):
@@ -73,10 +74,12 @@ class TokenMixViT(VisionTransformer):
                  spec_blocks: Optional[Sequence[int]] = None, spec_components: Sequence[str] = COMPONENTS,
                  spec_norm_blocks: Optional[Sequence[int]] = None, spec_qkv_blocks: Optional[Sequence[int]] = None,
                  lastvit_k: int = 1, lastvit_sigma: Optional[float] = None, alpha: float = 1.5,
-                 bisect_iters: int = 50, entmax_backend: str = DEFAULT_BACKEND, **vit_kwargs: Any) -> None:
+                 bisect_iters: int = 50, entmax_backend: str = DEFAULT_BACKEND, lastvit_reference: bool = False,
+                 num_classes: int = 0, **vit_kwargs: Any) -> None:
         spec = parse_variant(variant)
         rule = STRATEGY_RULES[spec.strategy]
-        knobs = dict(num_registers=num_registers, lastvit_k=lastvit_k, lastvit_sigma=lastvit_sigma, alpha=alpha,
+        knobs = dict(num_registers=num_registers, lastvit_k=lastvit_k, lastvit_sigma=lastvit_sigma,
+                     lastvit_reference=lastvit_reference or None, alpha=alpha,
                      bisect_iters=bisect_iters, spec_components=list(spec_components),
                      spec_blocks=list(range(4)) if spec_blocks is None else [int(b) for b in spec_blocks],
                      spec_norm_blocks=None if spec_norm_blocks is None else sorted(int(b) for b in spec_norm_blocks),
@@ -86,7 +89,7 @@ class TokenMixViT(VisionTransformer):
         vit_kwargs.setdefault("norm_layer", partial(nn.LayerNorm, eps=1e-6))
         attn = attention_layer(normalizer=spec.normalizer, alpha=alpha, bisect_iters=bisect_iters,
                                entmax_backend=entmax_backend)
-        super().__init__(num_classes=0, global_pool="token", qkv_bias=True, mlp_ratio=4.0,
+        super().__init__(num_classes=num_classes, global_pool="token", qkv_bias=True, mlp_ratio=4.0,
                          dynamic_img_size=True, attn_layer=attn, **vit_kwargs)
         self.arch, self.variant, self.spec = arch, spec.name, spec
         self.patch_size = self.patch_embed.patch_size[0]
@@ -105,6 +108,8 @@ class TokenMixViT(VisionTransformer):
         recorded = rule.knobs + NORMALIZER_KNOBS.get(spec.normalizer, ())
         self.config: dict[str, Any] = {"arch": arch, "variant": spec.name,
                                        **{k: knobs[k] for k in recorded if not (k in UNSET_OK and knobs[k] is None)}}
+        if num_classes:  # classifier head on the [CLS] / aggregated token (label-supervised training)
+            self.config["num_classes"] = num_classes
 
     # -- tokens -------------------------------------------------------------------------------------
     def interpolate_pos_encoding(self, gh: int, gw: int) -> torch.Tensor:
@@ -141,8 +146,9 @@ class TokenMixViT(VisionTransformer):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The [CLS] output (B, D) after the final norm; for ``lastvit`` the aggregated token."""
-        return self._split(self.forward_features(x), last=True, votes=False)["cls"]
+        """The [CLS] output (B, D) after the final norm (``lastvit``: the aggregated token); with
+        ``num_classes`` > 0 the logits of the linear ``head`` on it."""
+        return self.head(self._split(self.forward_features(x), last=True, votes=False)["cls"])
 
     def extract(self, images: torch.Tensor, n_last_blocks: int = 1, blocks: Optional[Sequence[int]] = None,
                 votes: bool = False) -> list[dict[str, torch.Tensor]]:

@@ -1,0 +1,79 @@
+"""``make analyze TASK=votes``: where LaSt-ViT's channels vote.
+
+For a ``lastvit`` backbone each of the D channels picks its top-K most frequency-stable patches; the vote count
+of a patch is how many (channel, rank) picks it got (``FrequencyTopKPooling`` returns them, D x K in all). On
+images with ground-truth boxes, on the usual eval view (Resize + CenterCrop, boxes mapped the same way):
+
+- ``share_of_votes_in_box``: mean over images of (votes on patches touching a box) / (all votes), in %;
+- ``chance_share``: the same for votes spread uniformly over the patches (= box area share of the grid);
+- ``most_voted_patch_in_box``: % of images whose most-voted patch touches a box (LaSt-ViT's Point-in-Box
+  with the vote map as the patch score);
+- ``top1_vote_share`` / ``patches_with_votes``: how concentrated the votes are.
+
+Figures: vote-count maps over the images with the boxes (green) and the most-voted patch (cyan).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import figures
+from .boxes import boxes_to_patch_mask
+from .data import crop_boxes
+
+
+def vote_box_stats(votes: torch.Tensor, masks: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per image: votes (B, N) counts, masks (B, N) bool -> share in box, top patch in box, chance, concentration.
+
+    >>> s = vote_box_stats(torch.tensor([[3, 1, 0, 0]]), torch.tensor([[True, False, False, True]]))
+    >>> [round(float(s[k][0]), 3) for k in ("share_in_box", "top_in_box", "chance", "top1_share")]
+    [0.75, 1.0, 0.5, 0.75]
+    """
+    v = votes.double()
+    m = masks.to(v.device)
+    total = v.sum(1).clamp_min(1)
+    return {"share_in_box": (v * m).sum(1) / total,
+            "top_in_box": m.gather(1, v.argmax(1, keepdim=True))[:, 0].double(),
+            "chance": m.double().mean(1),
+            "top1_share": v.amax(1) / total,
+            "patches_with_votes": (v > 0).sum(1).double()}
+
+
+@torch.no_grad()
+def run_votes(model, samples, run, opts) -> dict:
+    from .tasks import _batches  # the eval-view batching every analysis shares
+
+    if getattr(model, "aggregator", None) is None:
+        raise ValueError(f"TASK=votes needs a lastvit backbone (variant lastvit or <normaliser>+lastvit); this "
+                         f"checkpoint is variant '{getattr(model, 'variant', '?')}'")
+    ps = model.patch_size
+    acc: dict[str, list[torch.Tensor]] = {}
+    vis = {"img": [], "votes": [], "boxes": []}
+    for buf, x, rcs in _batches(samples, opts, need_boxes=True):
+        grid = model.grid_size(x)
+        boxes = [crop_boxes(s, rc) for s, rc in zip(buf, rcs)]
+        masks = torch.stack([boxes_to_patch_mask(b, grid, ps) for b in boxes])
+        votes = model.extract(x, votes=True)[-1]["votes"].cpu()
+        for k, v in vote_box_stats(votes, masks).items():
+            acc.setdefault(k, []).append(v)
+        for j in range(min(len(buf), opts.num_vis - len(vis["img"]))):
+            vis["img"].append(x[j].cpu())
+            vis["votes"].append(votes[j].reshape(grid).float())
+            vis["boxes"].append(boxes[j].tolist())
+    if not acc:
+        raise RuntimeError("no image with a ground-truth box: TASK=votes needs a dataset with boxes "
+                           "(DATA=demo, voc, or imagenet with its val boxes)")
+    st = {k: torch.cat(v) for k, v in acc.items()}
+    pct = lambda t: round(100.0 * t.mean().item(), 3)  # noqa: E731
+    res = {"share_of_votes_in_box": pct(st["share_in_box"]), "chance_share": pct(st["chance"]),
+           "most_voted_patch_in_box": pct(st["top_in_box"]), "top1_vote_share": pct(st["top1_share"]),
+           "patches_with_votes": round(st["patches_with_votes"].mean().item(), 3),
+           "n_images": int(st["share_in_box"].numel()), "k": model.aggregator.k, "channels": model.embed_dim,
+           "units": "percent (patches_with_votes: count per image)"}
+    run.log_scalar("votes/share_in_box", res["share_of_votes_in_box"])
+    run.log_scalar("votes/most_voted_patch_in_box", res["most_voted_patch_in_box"])
+    if vis["img"]:
+        run.save_figure("vote_count_maps", figures.heatmap_overlays(
+            vis["img"], vis["votes"], "LaSt-ViT vote counts (channels choosing each patch); green = GT box, "
+            "cyan = most voted", boxes=vis["boxes"], markers=[int(v.argmax()) for v in vis["votes"]],
+            cmap="viridis"))
+    return res

@@ -1,0 +1,273 @@
+"""Label-supervised classification of any variant, following LaSt-ViT's released recipe (cls_pretrain/conf.py).
+
+The linear ``head`` of the tokenmix ViT reads the final-norm [CLS] output (``softmax``, ``registers``,
+``entmax`` ...) or, for ``lastvit`` variants, the aggregated token; [CLS] is still prepended and attends.
+Optimiser and schedule as the release: AdamW(lr, betas (0.9, 0.95), weight decay on *every* parameter, as
+detectron2's ``get_default_optimizer_params`` with no overrides), lr x ``lr_multiplier``: linear warm-up over
+the first ``warmup_frac`` of the steps from ``warmup_factor`` x, then cosine 1 -> ``final_factor`` (detectron2's
+``WarmupParamScheduler(CosineParamScheduler(1, 0.001), 0.1, 0.01)`` evaluated at ``step / total_steps``).
+Plain cross-entropy. Checkpoints: ``state_dict`` keys ``backbone.*`` (head included) and
+``tokenmix = {"kind": "supervised", "backbone": <config without the head>, "num_classes": n}``, so
+``backbones.backbone_from_checkpoint`` gives probes and analyses the feature backbone.
+
+    model = SupervisedModule(arch="vit_demo_patch8", variant="lastvit", num_classes=8, epochs=6)
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
+from torchmetrics.classification import MulticlassAccuracy
+
+from backbones import create_vit, parse_variant
+from lightning_modules.dino_module import NonFiniteLossError, _plain
+from tokenmix.io import CheckpointError, atomic_json_dump
+
+KIND = "supervised"
+
+
+def lr_multiplier(where: float, warmup_frac: float = 0.01, warmup_factor: float = 0.1,
+                  final_factor: float = 0.001) -> float:
+    """detectron2 ``WarmupParamScheduler(CosineParamScheduler(1, final), warmup_factor, warmup_frac)`` at
+    ``where`` = step / total steps in [0, 1]: the warm-up runs linearly to the cosine's value at warmup_frac."""
+    cosine = lambda t: final_factor + 0.5 * (1.0 - final_factor) * (1.0 + math.cos(math.pi * t))  # noqa: E731
+    if where < warmup_frac:
+        start, end = warmup_factor * cosine(0.0), cosine(warmup_frac)
+        return start + (end - start) * where / warmup_frac
+    return cosine(min(where, 1.0))
+
+
+def validate_supervised_checkpoint(ckpt: Any, path: str | os.PathLike) -> dict:
+    meta = ckpt.get("tokenmix") if isinstance(ckpt, dict) else None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: not a tokenmix Lightning checkpoint (no 'state_dict' / 'tokenmix'); RESUME "
+                              "expects a .ckpt written by `make pretrain OBJECTIVE=supervised`")
+    if meta.get("kind") != KIND:
+        raise CheckpointError(f"{path}: a {meta.get('kind', 'dino_pretrain')} checkpoint, not a supervised one; "
+                              "resume it with `make pretrain` (OBJECTIVE=dino)")
+    if not any(k.startswith("backbone.head.") for k in ckpt["state_dict"]):
+        raise CheckpointError(f"{path}: no 'backbone.head.*' tensors; not a complete supervised checkpoint")
+    return ckpt
+
+
+class SupervisedModule(pl.LightningModule):
+    """Args:
+        arch, variant, backbone, variant_options: as ``DINOPretrainModule`` (``backbones.create_vit``).
+        num_classes: classifier outputs (must equal the dataset's class count; checked at fit start).
+        lr, betas, weight_decay: AdamW (weight decay on every parameter, as the release).
+        warmup_frac, warmup_factor, final_factor: ``lr_multiplier``. epochs: schedule length (linked to
+            trainer.max_epochs by the CLI). label_smoothing: 0 in the release. clip_grad: global-norm clip
+            (0 = off, as the release). zero_init_head: torchvision's head init (zeros).
+    """
+
+    def __init__(self, arch: str = "vit_base_patch16", variant: str = "lastvit",
+                 backbone: Optional[dict[str, Any]] = None, variant_options: Optional[dict[str, Any]] = None,
+                 num_classes: int = 1000, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95),
+                 weight_decay: float = 0.3, warmup_frac: float = 0.01, warmup_factor: float = 0.1,
+                 final_factor: float = 0.001, label_smoothing: float = 0.0, clip_grad: float = 0.0,
+                 zero_init_head: bool = True, epochs: int = 100):
+        super().__init__()
+        spec = parse_variant(variant)
+        if num_classes < 2:
+            raise ValueError(f"model.num_classes must be >= 2, got {num_classes}")
+        opts = _plain({**(backbone or {}), **(variant_options or {})})
+        self.save_hyperparameters({**{k: _plain(v) for k, v in locals().items()
+                                      if k not in ("self", "__class__", "spec", "variant_options", "opts")},
+                                   "variant": spec.name, "backbone": opts})
+        self.backbone = create_vit(arch, spec.name, num_classes=num_classes, **opts)
+        if zero_init_head:  # torchvision VisionTransformer initialises heads.head to zeros
+            torch.nn.init.zeros_(self.backbone.head.weight)
+            torch.nn.init.zeros_(self.backbone.head.bias)
+        top5 = min(5, num_classes)
+        self.val_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_top5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
+        self.train_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.random_init: dict[str, float] = {}  # val metrics before the first step (sanity pass)
+        self.last_val: dict[str, float] = {}
+        self.last_stats: dict[str, float] = {}
+        self._last_batch_end: Optional[float] = None
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.backbone(images)
+
+    def configure_optimizers(self):
+        hp = self.hparams  # lr is set every step from the schedule
+        return torch.optim.AdamW(self.parameters(), lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
+
+    def total_steps(self) -> int:
+        return max(1, int(self.hparams.epochs) * int(self.trainer.num_training_batches))
+
+    def on_train_start(self) -> None:
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs != self.hparams.epochs:
+            raise ValueError(f"model.epochs={self.hparams.epochs} but trainer.max_epochs={self.trainer.max_epochs}; "
+                             "the lr schedule needs the real length (the CLI links them: set trainer.max_epochs)")
+
+    def lr_at(self, step: int) -> float:
+        hp = self.hparams
+        return hp.lr * lr_multiplier(step / self.total_steps(), hp.warmup_frac, hp.warmup_factor, hp.final_factor)
+
+    def training_step(self, batch, batch_idx: int):
+        images, labels = batch
+        lr = self.lr_at(self.global_step)
+        for group in self.optimizers().param_groups:
+            group["lr"] = lr
+        logits = self.backbone(images)
+        loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.hparams.label_smoothing)
+        if not torch.isfinite(loss):
+            ckpt = getattr(self.trainer.checkpoint_callback, "last_model_path", "") or "none saved yet"
+            raise NonFiniteLossError(f"loss is {loss.item()} at step {self.global_step}; training stopped. Last good "
+                                     f"checkpoint: {ckpt}. Resume from it (RESUME=<path>) with a lower lr or "
+                                     "trainer.precision=32-true.")
+        self.train_top1(logits.detach(), labels)
+        self.last_stats = {"train/loss": loss.detach().item()}
+        self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
+        self.log("train/lr", lr, on_step=True, on_epoch=False)
+        self.log("train/top1", self.train_top1, on_step=False, on_epoch=True)
+        return loss
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        if gradient_clip_val:
+            raise ValueError("use model.clip_grad, not trainer.gradient_clip_val")
+        if self.hparams.clip_grad:
+            torch.nn.utils.clip_grad_norm_(self.parameters(), self.hparams.clip_grad)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        now = time.perf_counter()
+        if self._last_batch_end is not None:
+            ips = batch[0].shape[0] * self.trainer.world_size / max(now - self._last_batch_end, 1e-9)
+            self.log("train/throughput_img_s", ips, on_step=True, on_epoch=False)
+        self._last_batch_end = now
+
+    # ------------------------------------------------------------------ validation
+    def validation_step(self, batch, batch_idx: int) -> None:
+        images, labels = batch
+        logits = self.backbone(images)
+        self.val_top1.update(logits, labels)
+        self.val_top5.update(logits, labels)
+
+    def on_validation_epoch_end(self) -> None:
+        # compute() syncs the counts over ranks on every rank (a collective): never rank-0 only
+        top1, top5 = 100 * self.val_top1.compute().item(), 100 * self.val_top5.compute().item()
+        self.val_top1.reset()
+        self.val_top5.reset()
+        if self.trainer.sanity_checking:
+            if self.global_step == 0 and not self.random_init:  # the exact starting weights
+                self.random_init = {"val_top1": top1, "val_top5": top5}
+                rank_zero_info(f"val top-1 at random init: {top1:.2f}% (top-5 {top5:.2f}%)")
+            return
+        self.last_val = {"val_top1": top1, "val_top5": top5}
+        self.log_dict({"val/top1": top1, "val/top5": top5}, sync_dist=False)
+        if self.random_init:
+            self.log("val/top1_random_init", self.random_init["val_top1"], sync_dist=False)
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        cfg = {k: v for k, v in _plain(dict(self.backbone.config)).items() if k != "num_classes"}
+        checkpoint["tokenmix"] = {"backbone": cfg, "variant": cfg["variant"], "arch": cfg["arch"], "kind": KIND,
+                                  "num_classes": int(self.hparams.num_classes), "random_init": dict(self.random_init)}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        meta = checkpoint.get("tokenmix")
+        if not isinstance(meta, dict) or meta.get("kind") != KIND:
+            raise ValueError("not a tokenmix supervised checkpoint; RESUME continues `make pretrain "
+                             "OBJECTIVE=supervised` runs only")
+        mine = self.backbone.config
+        for key in ("arch", "variant"):
+            if meta.get(key) != mine.get(key):
+                raise ValueError(f"checkpoint was trained with {key}={meta.get(key)!r} but this run builds "
+                                 f"{key}={mine.get(key)!r}; pass the matching VARIANT / preset")
+        self.random_init = dict(meta.get("random_init") or {})
+
+
+class VoteMaps(pl.Callback):
+    """``lastvit`` variants: TensorBoard images of fixed val images and their vote-count maps (how many of the D
+    channels picked each patch), at the start and every ``every_n_epochs``; rank 0 only, no collectives."""
+
+    def __init__(self, every_n_epochs: int = 1, num_images: int = 8):
+        self.every_n_epochs, self.num_images = max(1, every_n_epochs), num_images
+        self._images: Optional[torch.Tensor] = None
+
+    @torch.no_grad()
+    def log_now(self, trainer: pl.Trainer, pl_module: SupervisedModule) -> None:
+        from lightning_modules.callbacks import _grid_images, _tb
+        model = pl_module.backbone
+        tb = _tb(trainer)
+        if tb is None or trainer.global_rank != 0 or model.aggregator is None:
+            return
+        if self._images is None:
+            ds = trainer.datamodule.eval_dataset()
+            idx = torch.linspace(0, len(ds) - 1, min(self.num_images, len(ds))).round().long().tolist()
+            self._images = torch.stack([ds[i][0] for i in idx])
+            mean, std = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+            tb.add_images("votes/inputs", (self._images * std + mean).clamp(0, 1), trainer.global_step)
+        was = model.training
+        model.eval()
+        x = self._images.to(pl_module.device)
+        votes = model.extract(x, votes=True)[-1]["votes"].float()
+        model.train(was)
+        grid = model.grid_size(x)
+        maps = (votes / votes.amax(1, keepdim=True).clamp_min(1)).reshape(-1, 1, *grid).cpu()
+        tb.add_images("votes/vote_count_maps", _grid_images(maps, model.patch_size), trainer.global_step)
+        tb.add_scalar("votes/max_share", (votes.amax(1) / votes.sum(1)).mean().item(), trainer.global_step)
+        tb.flush()
+
+    def on_train_start(self, trainer, pl_module):
+        self.log_now(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if (trainer.current_epoch + 1) % self.every_n_epochs == 0:
+            self.log_now(trainer, pl_module)
+
+
+class SupervisedSummary(pl.Callback):
+    """Final val top-1/top-5, the same at random init, loss at the start vs the end and the wall time ->
+    summary.json in the log folder (rank 0; the metrics were already synced by the module)."""
+
+    def __init__(self, window: int = 20):
+        self.window = window
+        self.first: list[float] = []
+        self.last: list[float] = []
+        self._t0: Optional[float] = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"first": list(self.first)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.first = list(state_dict.get("first", []))
+
+    def on_fit_start(self, trainer, pl_module):
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        loss = pl_module.last_stats.get("train/loss")
+        if loss is not None:
+            if len(self.first) < self.window:
+                self.first.append(loss)
+            self.last = (self.last + [loss])[-self.window:]
+
+    def on_train_end(self, trainer, pl_module):
+        log_dir = trainer.log_dir or trainer.default_root_dir  # a broadcast under DDP: every rank calls it
+        if trainer.global_rank != 0:
+            return
+        init, final = pl_module.random_init, pl_module.last_val
+        summary = {"objective": KIND, "variant": pl_module.hparams.variant, "arch": pl_module.hparams.arch,
+                   "data": getattr(trainer.datamodule, "data", None),
+                   "steps": trainer.global_step, "epochs": trainer.current_epoch,
+                   "loss_start": sum(self.first) / len(self.first) if self.first else None,
+                   "loss_end": sum(self.last) / len(self.last) if self.last else None,
+                   "val_top1": final.get("val_top1"), "val_top5": final.get("val_top5"),
+                   "val_top1_random_init": init.get("val_top1"), "val_top5_random_init": init.get("val_top5"),
+                   "val_top1_gain": None if not init or not final else final["val_top1"] - init["val_top1"],
+                   "fit_wall_s": None if self._t0 is None else round(time.perf_counter() - self._t0, 1)}
+        path = Path(log_dir) / "summary.json"
+        atomic_json_dump(summary, path)
+        rank_zero_info("supervised summary: " + ", ".join(
+            f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()))
+        rank_zero_info(f"summary written to {path}")
