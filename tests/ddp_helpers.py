@@ -1,0 +1,50 @@
+"""Helpers of the 2-process tests, importable by the processes Lightning starts (tests/ is on their PYTHONPATH).
+
+``RankReport``: every rank writes what only it can see (BatchNorm types and running means of the teacher head,
+its world size) to ``<dir>/rank<r>.json`` at the end of training.
+Run as a script: ``lightning_modules.pretrain.main`` with an optional pause inside step ``PAUSE_AT_STEP`` (every
+rank prints PAUSED and sleeps) so a test can SIGKILL the whole run mid-training.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+
+class RankReport(pl.Callback):
+    def __init__(self, out_dir: str):
+        self.out_dir = out_dir
+
+    def on_train_end(self, trainer, pl_module):
+        bns = [m for m in pl_module.teacher.head.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        report = {"world_size": trainer.world_size, "rank": trainer.global_rank,
+                  "teacher_head_bn": [type(m).__name__ for m in bns],
+                  "teacher_head_bn_training": [m.training for m in bns],
+                  "teacher_head_running_mean": [m.running_mean.tolist() for m in bns]}
+        Path(self.out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(self.out_dir) / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
+
+
+def _pausing_main() -> int:
+    from lightning_modules import dino_module
+    pause = int(os.environ.get("PAUSE_AT_STEP", "-1"))
+    orig = dino_module.DINOPretrainModule.training_step
+
+    def step(self, batch, batch_idx):
+        if self.global_step == pause:
+            print(f"PAUSED rank {self.global_rank}", flush=True)
+            time.sleep(600)
+        return orig(self, batch, batch_idx)
+    dino_module.DINOPretrainModule.training_step = step
+    from lightning_modules.pretrain import main
+    return main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(_pausing_main())
