@@ -84,7 +84,7 @@ class DINOPretrainModule(pl.LightningModule):
         self.teacher = copy.deepcopy(self.student)
         for p in self.teacher.parameters():
             p.requires_grad = False
-        self.teacher.eval()
+        self.teacher.backbone.eval()  # no drop-path; the head keeps train mode (see train())
         self.ncrops = 2 + n_local_crops
         self.dino_loss = DINOLoss(out_dim, self.ncrops, warmup_teacher_temp, teacher_temp,
                                   warmup_teacher_temp_epochs, epochs, student_temp, center_momentum)
@@ -203,10 +203,11 @@ class DINOPretrainModule(pl.LightningModule):
             state, self._rng_to_restore = self._rng_to_restore, None
             r = self.global_rank
             ranks = state.get("ranks_torch")  # every rank's stream (older checkpoints: rank 0's only)
-            torch.set_rng_state(ranks[r] if ranks is not None and r < len(ranks) else state["torch"])
+            # clone: a row view of the (world, n) tensor is not accepted as a generator state
+            torch.set_rng_state(ranks[r].clone() if ranks is not None and r < len(ranks) else state["torch"])
             cuda_ranks = state.get("ranks_cuda")
             if torch.cuda.is_available() and cuda_ranks is not None and r < len(cuda_ranks):
-                torch.cuda.set_rng_state(cuda_ranks[r])
+                torch.cuda.set_rng_state(cuda_ranks[r].clone())
             elif torch.cuda.is_available() and state.get("cuda"):
                 torch.cuda.set_rng_state_all(state["cuda"])
 

@@ -33,7 +33,7 @@ from lightning_modules.dino_module import DINOPretrainModule, NonFiniteLossError
 from tokenmix import paths
 from tokenmix.io import CheckpointError
 from tokenmix.launch import (DEFAULT_TIMEOUT_MIN, LaunchError, cluster_num_nodes, ddp_strategy,
-                             refuse_unlaunched_multinode)
+                             global_rank, refuse_unlaunched_multinode, wants_sync_batchnorm)
 
 CONFIGS = paths.REPO / "configs"
 PRESETS = ("paper", "demo", "tiny")
@@ -65,8 +65,10 @@ class PretrainCLI(LightningCLI):
         config["strategy"] = ddp_strategy(config.get("strategy", "auto"), config.get("accelerator", "auto"),
                                           config.get("devices", "auto"), config.get("num_nodes", 1),
                                           self.dist_timeout_min)
-        if getattr(self.model.hparams, "use_bn_in_head", False) and not isinstance(config["strategy"], str):
-            config["sync_batchnorm"] = True  # official: convert_sync_batchnorm on student and teacher under DDP
+        if getattr(self.model.hparams, "use_bn_in_head", False):
+            # official DINO: convert_sync_batchnorm on student and teacher under DDP
+            config["sync_batchnorm"] = wants_sync_batchnorm(config["strategy"], config.get("accelerator", "auto"),
+                                                            "model.use_bn_in_head")
         return super()._instantiate_trainer(config, callbacks)
 
 
@@ -204,7 +206,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (LaunchError, DatasetError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rank_zero_info(scale_line(cli))
+    if global_rank() == 0:  # the processes Lightning starts run this too
+        print(scale_line(cli), flush=True)
     if resume_path:
         rank_zero_info(f"resuming from {resume_path}")
     try:

@@ -21,7 +21,7 @@ from torch.utils.data import Subset
 
 from tokenmix.io import CheckpointError
 from tokenmix.launch import (LaunchError, cluster_environment, cluster_num_nodes, ddp_strategy, global_rank,
-                             refuse_unlaunched_multinode)
+                             refuse_unlaunched_multinode, wants_sync_batchnorm)
 
 from .backbone import BackboneInfo, resolve_backbone
 from .data import ProbeDataset, build_split, collate, resolve_data
@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", default=None, help="default: tokenmix.paths.RUNS (runs/)")
     p.add_argument("--quick", action="store_true", help="smoke test: 2 epochs, at most 16 samples per split")
     p.add_argument("--progress", action="store_true", help="show the Lightning progress bar")
+    p.add_argument("--print-config", "--print_config", action="store_true",
+                   help="print the resolved settings (config file + flags) as YAML and exit")
     return p
 
 
@@ -141,7 +143,8 @@ def make_trainer(args, **kw):
     import lightning as L
     strategy = ddp_strategy("auto", args.accelerator, args.devices, args.num_nodes, args.dist_timeout)
     return L.Trainer(accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes,
-                     strategy=strategy, use_distributed_sampler=False, sync_batchnorm=not isinstance(strategy, str),
+                     strategy=strategy, use_distributed_sampler=False,
+                     sync_batchnorm=wants_sync_batchnorm(strategy, args.accelerator, "the probe head's BatchNorm"),
                      enable_model_summary=False, enable_progress_bar=args.progress, **kw)
 
 
@@ -280,8 +283,13 @@ def run_version(root: Path) -> str:
     return version
 
 
-def main(argv: Optional[list[str]] = None) -> Path:
+def main(argv: Optional[list[str]] = None) -> Optional[Path]:
     args = parse_args(argv)
+    if args.print_config:
+        import yaml
+        get_task(args.task.strip())  # an unknown task is an error here too
+        print(yaml.safe_dump({k: v for k, v in vars(args).items() if k != "print_config"}, sort_keys=False))
+        return None
     if args.num_nodes is None:
         args.num_nodes = cluster_num_nodes() or 1
     refuse_unlaunched_multinode(args.num_nodes)

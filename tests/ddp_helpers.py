@@ -1,6 +1,6 @@
 """Helpers of the 2-process tests, importable by the processes Lightning starts (tests/ is on their PYTHONPATH).
 
-``RankReport``: every rank writes what only it can see (BatchNorm types and running means of the teacher head,
+``RankSeed``: a different RNG stream per rank. ``RankReport``: every rank writes what only it can see (BatchNorm types and running means of the teacher head,
 its world size) to ``<dir>/rank<r>.json`` at the end of training.
 Run as a script: ``lightning_modules.pretrain.main`` with an optional pause inside step ``PAUSE_AT_STEP`` (every
 rank prints PAUSED and sleeps) so a test can SIGKILL the whole run mid-training.
@@ -29,6 +29,15 @@ class RankReport(pl.Callback):
                   "teacher_head_running_mean": [m.running_mean.tolist() for m in bns]}
         Path(self.out_dir).mkdir(parents=True, exist_ok=True)
         (Path(self.out_dir) / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
+
+
+class RankSeed(pl.Callback):
+    """Gives each rank its own drop-path RNG stream from the first step (official DINO seeds every rank alike),
+    so a resume that restored rank 0's state on every rank would not reproduce rank 1's draws."""
+
+    def on_train_start(self, trainer, pl_module):
+        if trainer.global_step == 0:
+            torch.manual_seed(1000 + trainer.global_rank)
 
 
 def _pausing_main() -> int:

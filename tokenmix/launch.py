@@ -86,6 +86,19 @@ def ddp_strategy(strategy: Any, accelerator: str, devices: Any, num_nodes: int,
     return DDPStrategy(timeout=timedelta(minutes=float(timeout_min)))
 
 
+def wants_sync_batchnorm(strategy: Any, accelerator: str, what: str) -> bool:
+    """Lightning's ``sync_batchnorm`` for a model with BatchNorm (``what`` names it): on for DDP on GPUs. torch's
+    DDP refuses SyncBatchNorm on CPU, so several CPU processes normalise with their own batch (warned)."""
+    if isinstance(strategy, str):  # one process
+        return False
+    if str(accelerator) in ("gpu", "cuda") or (str(accelerator) == "auto" and torch.cuda.is_available()):
+        return True
+    from lightning.pytorch.utilities import rank_zero_warn
+    rank_zero_warn(f"{what} on several CPU processes: torch's DDP has no CPU SyncBatchNorm, so each process "
+                   "normalises with its own batch statistics (GPU runs synchronise them)")
+    return False
+
+
 def global_rank() -> int:
     """This process's rank as set by Lightning's launcher or the cluster (0 in the launching process)."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only
