@@ -274,6 +274,8 @@ def run_version(root: Path) -> str:
     processes Lightning starts through the environment; under SLURM / torchrun named after the job."""
     if os.environ.get(VERSION_ENV):
         return os.environ[VERSION_ENV]
+    if global_rank() != 0:  # writes nothing (rank 0 does), so it claims no folder either
+        return f"version_rank{global_rank()}"
     job = os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
     if job and cluster_environment() is not None:
         (root / f"version_job{job}").mkdir(parents=True, exist_ok=True)
@@ -342,6 +344,7 @@ def main(argv: Optional[list[str]] = None) -> Optional[Path]:
             atomic_torch_save(module.head.state_dict(), log_dir / f"head_{key}.pt")
 
     if global_rank() != 0:  # the other processes of a multi-device run: rank 0 writes the results
+        os.environ.pop(VERSION_ENV, None)
         return log_dir / "results.json"
     metrics = per_layer["default"] if list(per_layer) == ["default"] else {"layers": per_layer}
     config = {k: v for k, v in vars(args).items()}

@@ -2,7 +2,7 @@
 
 ``RankSeed``: a different RNG stream per rank. ``RankReport``: every rank writes what only it can see (BatchNorm types and running means of the teacher head,
 its world size) to ``<dir>/rank<r>.json`` at the end of training.
-Run as a script: ``lightning_modules.pretrain.main`` with an optional pause inside step ``PAUSE_AT_STEP`` (every
+Run as a script: ``probes ...`` (see ``_probes_main``), or ``lightning_modules.pretrain.main`` with an optional pause inside step ``PAUSE_AT_STEP`` (every
 rank prints PAUSED and sleeps) so a test can SIGKILL the whole run mid-training.
 """
 from __future__ import annotations
@@ -55,5 +55,16 @@ def _pausing_main() -> int:
     return main(sys.argv[1:])
 
 
+def _probes_main() -> int:
+    """``probes <common flags> -- <task> <task> ...``: one probe per task in this one multi-process session
+    (Lightning reuses the process group for every Trainer of the script)."""
+    from probes.run import main
+    args = sys.argv[2:]
+    common, tasks = args[:args.index("--")], args[args.index("--") + 1:]
+    for task in tasks:
+        main(["--task", task, *common, *(["--no-aug"] if task == "imagenet" else [])])
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(_pausing_main())
+    sys.exit(_probes_main() if sys.argv[1:2] == ["probes"] else _pausing_main())

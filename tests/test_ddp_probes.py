@@ -63,11 +63,20 @@ def test_knn_two_processes_equals_one(demo, tmp_path):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("task,metric", [("imagenet", "best_top1"), ("voc", "mIoU"), ("nyuv2", "rmse")])
-def test_trained_probes_two_processes_write_results(demo, tmp_path, task, metric):
-    res = _probe2(tmp_path, "--task", task, "--data-root", str(demo), "--max-epochs", "2",
-                  *(["--no-aug"] if task == "imagenet" else []))
-    m = res["metrics"]
-    assert m[metric] == m[metric] and len(m["history"]) == 2  # finite (not NaN), one entry per epoch
-    if task == "voc":  # every class present in the val masks was counted (torchmetrics summed both ranks)
-        assert 0 <= m["aAcc"] <= 100
+def test_trained_probes_two_processes_write_results(demo, tmp_path):
+    # linear (cached features), segmentation and depth probes, one 2-process session for the three
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, str(REPO / "tests" / "ddp_helpers.py"), "probes", "--runs-dir", str(tmp_path),
+           "--devices", "2", *TINY, "--data-root", str(demo), "--max-epochs", "2", "--", "imagenet", "voc", "nyuv2"]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=500)
+    print(f"2-process linear + seg + depth probes: {time.perf_counter() - t0:.1f} s")
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    for task, metric in (("imagenet", "best_top1"), ("voc", "mIoU"), ("nyuv2", "rmse")):
+        found = sorted(tmp_path.glob(f"*/probe/{task}/*"))
+        assert [f.name for f in found] == ["version_0"], found  # one folder per run, none per process
+        res = json.loads((found[0] / "results.json").read_text())
+        m = res["metrics"]
+        assert m[metric] == m[metric] and len(m["history"]) == 2  # finite (not NaN), one entry per epoch
+        assert res["config"]["devices"] == "2" and res["config"]["num_val"] == {"imagenet": 16, "voc": 3,
+                                                                                  "nyuv2": 3}[task]
