@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import Subset
 
 from tokenmix.io import CheckpointError
-from tokenmix.launch import (LaunchError, cluster_environment, cluster_num_nodes, ddp_strategy, global_rank,
+from tokenmix.launch import (LaunchError, cluster_num_nodes, count_devices, ddp_strategy, global_rank,
                              refuse_unlaunched_multinode, wants_sync_batchnorm)
 
 from .backbone import BackboneInfo, resolve_backbone
@@ -269,19 +269,16 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
-def run_version(root: Path) -> str:
-    """The run's ``version_N``, the same on every process: claimed by the launching process and handed to the
-    processes Lightning starts through the environment; under SLURM / torchrun named after the job."""
+def run_version(root: Path, spawns: bool) -> str:
+    """The run's ``version_N``: claimed by rank 0 (the launching process), handed to the processes Lightning
+    starts through the environment. Other ranks (e.g. started by srun) write nothing and claim nothing."""
     if os.environ.get(VERSION_ENV):
         return os.environ[VERSION_ENV]
-    if global_rank() != 0:  # writes nothing (rank 0 does), so it claims no folder either
+    if global_rank() != 0:
         return f"version_rank{global_rank()}"
-    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
-    if job and cluster_environment() is not None:
-        (root / f"version_job{job}").mkdir(parents=True, exist_ok=True)
-        return f"version_job{job}"
     version = claim_version_dir(root)
-    os.environ[VERSION_ENV] = version  # inherited by the processes the DDP launcher starts
+    if spawns:
+        os.environ[VERSION_ENV] = version  # inherited by the processes the DDP launcher starts
     return version
 
 
@@ -320,7 +317,7 @@ def main(argv: Optional[list[str]] = None) -> Optional[Path]:
     from lightning.pytorch.loggers import TensorBoardLogger
     from tokenmix.paths import RUNS
     runs = Path(args.runs_dir) if args.runs_dir else RUNS
-    version = run_version(runs / info.run_name / "probe" / task.name)
+    version = run_version(runs / info.run_name / "probe" / task.name, count_devices(args.accelerator, args.devices) > 1)
     logger = TensorBoardLogger(save_dir=str(runs / info.run_name / "probe"), name=task.name, version=version,
                                default_hp_metric=False)
     log_dir = Path(logger.log_dir)
