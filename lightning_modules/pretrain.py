@@ -102,10 +102,13 @@ def resolve_resume(resume: str, variant: str, runs: Path) -> Optional[str]:
     return str(path)
 
 
+def preset_file(preset: str) -> Path:
+    return Path(preset) if preset not in PRESETS else CONFIGS / "pretrain" / f"{preset}.yaml"
+
+
 def build_args(variant: str, data: str, data_root: str, preset: str, runs: Path, resume_path: Optional[str],
                rest: list[str]) -> list[str]:
-    preset_file = Path(preset) if preset not in PRESETS else CONFIGS / "pretrain" / f"{preset}.yaml"
-    args = [f"--config={preset_file}"]
+    args = [f"--config={preset_file(preset)}"]
     for part in variant.split("+"):
         f = CONFIGS / "variants" / f"{part}.yaml"
         if f.is_file():
@@ -117,7 +120,8 @@ def build_args(variant: str, data: str, data_root: str, preset: str, runs: Path,
             version = ck.parent.parent.name
     args += [f"--model.variant={variant}", f"--data.data={data}", f"--data.data_root={data_root}",
              "--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger",
-             f"--trainer.logger.save_dir={runs / variant / 'pretrain'}", f"--trainer.logger.name={preset_file.stem}"]
+             f"--trainer.logger.save_dir={runs / variant / 'pretrain'}",
+             f"--trainer.logger.name={preset_file(preset).stem}"]
     if version:
         args.append(f"--trainer.logger.version={version}")
     return args + rest
@@ -129,6 +133,19 @@ def nodes_from_cluster(rest: list[str]) -> list[str]:
         return []
     n = cluster_num_nodes()
     return [f"--trainer.num_nodes={n}"] if n else []
+
+
+def early_checks(data: str, data_root: str, preset_file: Path, rest: list[str]) -> None:
+    """The launch checks that need no model (seconds, before a ViT is built): nodes and the dataset layout.
+    ``check_launch`` repeats them on the final configuration."""
+    nodes = [a.split("=", 1)[1] for a in rest if a.startswith("--trainer.num_nodes=")]
+    if not nodes:
+        import yaml
+        nodes = [((yaml.safe_load(preset_file.read_text()) or {}).get("trainer") or {}).get("num_nodes", 1)]
+    refuse_unlaunched_multinode(int(nodes[-1]))
+    if data != "demo":  # the demo data is generated on first use instead
+        from datamodules.pretraining import load_split
+        load_split(data, data_root, "train")
 
 
 def check_launch(cli: LightningCLI) -> None:
@@ -180,8 +197,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    args = build_args(variant, known.data, known.data_root, preset, runs, resume_path,
-                      nodes_from_cluster(rest) + rest)
+    rest = nodes_from_cluster(rest) + rest
+    try:
+        early_checks(known.data, known.data_root, preset_file(preset), rest)
+    except (LaunchError, DatasetError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    args = build_args(variant, known.data, known.data_root, preset, runs, resume_path, rest)
     if not torch.cuda.is_available() and not any(a.startswith("--trainer.precision") for a in rest):
         # mixed precision only where the device supports it (the paper preset asks for 16-mixed): fp32 on CPU
         args.append("--trainer.precision=32-true")
