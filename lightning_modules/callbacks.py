@@ -1,4 +1,7 @@
-"""Watch a DINO run: TensorBoard images / attention + token statistics, the k-NN check, and a summary."""
+"""Watch a DINO run: TensorBoard images / attention + token statistics, the k-NN check, and a summary.
+
+Multi-process rule: a collective (``trainer.log_dir``, ``all_gather``) is reached by every rank; rank-0-only
+work (TensorBoard images, summary.json) comes after it and calls none."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,6 +10,7 @@ from typing import Any, Optional
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch.utils.data import DataLoader, Subset
 
 from tokenmix.attention_stats import attention_stats as _attention_stats
 from tokenmix.io import atomic_json_dump
@@ -101,13 +105,30 @@ def backbone_features(model: torch.nn.Module, loader, device) -> tuple[torch.Ten
     for x, y in loader:
         feats.append(model(x.to(device)).float().cpu())
         labels.append(torch.as_tensor(y))
+    if not feats:  # an empty shard (fewer samples than ranks)
+        return torch.zeros(0, model.embed_dim), torch.zeros(0, dtype=torch.long)
     return torch.cat(feats), torch.cat(labels)
+
+
+def sharded_features(trainer: pl.Trainer, model: torch.nn.Module, ds, device,
+                     batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features of all of ``ds`` on every rank, each rank embedding only its shard (a collective: every rank
+    calls it)."""
+    from probes.features import gather_shards, shard_indices
+    rank, world = trainer.global_rank, trainer.world_size
+    loader = DataLoader(Subset(ds, shard_indices(len(ds), rank, world)), batch_size=batch_size, shuffle=False)
+    f, y = backbone_features(model, loader, device)
+
+    def gather(t):  # NCCL gathers device tensors
+        return trainer.strategy.all_gather(t.to(device)).cpu()
+    return gather_shards(f, len(ds), rank, world, gather), gather_shards(y, len(ds), rank, world, gather)
 
 
 class KNNCheck(pl.Callback):
     """DINO weighted k-NN (k=20, T=0.07) of the teacher [CLS] on the train -> val split, at the exact
     starting weights (before the first step) and at the end of training; logs ``knn/*`` and the gain.
-    With ``every_n_epochs`` it also logs ``knn/top1`` at those epoch ends (a learning curve in TensorBoard)."""
+    With ``every_n_epochs`` it also logs ``knn/top1`` at those epoch ends (a learning curve in TensorBoard).
+    Under DDP each rank embeds a shard and the features are gathered, so every rank gets the same numbers."""
 
     def __init__(self, k: int = 20, temperature: float = 0.07, max_train: Optional[int] = None,
                  every_n_epochs: int = 0):
@@ -127,12 +148,11 @@ class KNNCheck(pl.Callback):
         model = pl_module.teacher.backbone
         was_training = model.training
         model.eval()
-        idx = None
-        n_train = len(dm.eval_dataset(dm.train_split))
-        if self.max_train and n_train > self.max_train:  # evenly spread subset, deterministic
-            idx = torch.linspace(0, n_train - 1, self.max_train).round().long().tolist()
-        tr_f, tr_y = backbone_features(model, dm.eval_dataloader(dm.train_split, indices=idx), pl_module.device)
-        va_f, va_y = backbone_features(model, dm.eval_dataloader(dm.val_split), pl_module.device)
+        train = dm.eval_dataset(dm.train_split)
+        if self.max_train and len(train) > self.max_train:  # evenly spread subset, deterministic
+            train = Subset(train, torch.linspace(0, len(train) - 1, self.max_train).round().long().tolist())
+        tr_f, tr_y = sharded_features(trainer, model, train, pl_module.device)
+        va_f, va_y = sharded_features(trainer, model, dm.eval_dataset(dm.val_split), pl_module.device)
         model.train(was_training)
         num_classes = int(max(tr_y.max(), va_y.max())) + 1
         pred = knn_classify(tr_f, tr_y, va_f, num_classes, k=self.k, T=self.temperature)
@@ -202,6 +222,7 @@ class RunSummary(pl.Callback):
         return True, f"healthy (teacher entropy {ent:.3f} x ln K, batch-mean entropy {bent:.3f} x ln K)"
 
     def on_train_end(self, trainer, pl_module):
+        log_dir = trainer.log_dir or trainer.default_root_dir  # a broadcast: every rank must ask
         if trainer.global_rank != 0:
             return
         healthy, why = self.collapse_verdict()
@@ -218,7 +239,6 @@ class RunSummary(pl.Callback):
                                else cb.final_top1 - cb.random_init_top1)
         if not healthy:
             rank_zero_warn(f"collapse watch: {why}")
-        log_dir = trainer.log_dir or trainer.default_root_dir
         atomic_json_dump(summary, Path(log_dir) / "summary.json")
         fmt = {k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in summary.items()
                if not k.startswith("collapse/")}

@@ -84,7 +84,7 @@ class DINOPretrainModule(pl.LightningModule):
         self.teacher = copy.deepcopy(self.student)
         for p in self.teacher.parameters():
             p.requires_grad = False
-        self.teacher.eval()
+        self.teacher.backbone.eval()  # no drop-path; the head keeps train mode (see train())
         self.ncrops = 2 + n_local_crops
         self.dino_loss = DINOLoss(out_dim, self.ncrops, warmup_teacher_temp, teacher_temp,
                                   warmup_teacher_temp_epochs, epochs, student_temp, center_momentum)
@@ -97,7 +97,9 @@ class DINOPretrainModule(pl.LightningModule):
     # ------------------------------------------------------------------ structure
     def train(self, mode: bool = True):
         super().train(mode)
-        self.teacher.eval()  # the official teacher has no drop-path: keep its DropPath layers inactive
+        # the official teacher is never put in eval mode but has no drop-path: its backbone stays inactive here,
+        # its head follows ``mode`` so a head BatchNorm (use_bn_in_head) uses batch statistics as there
+        self.teacher.backbone.eval()
         return self
 
     @property
@@ -199,8 +201,14 @@ class DINOPretrainModule(pl.LightningModule):
     def on_train_batch_start(self, batch, batch_idx: int):
         if self._rng_to_restore is not None:  # resumed: continue the RNG streams (drop-path) where they were
             state, self._rng_to_restore = self._rng_to_restore, None
-            torch.set_rng_state(state["torch"])
-            if torch.cuda.is_available() and state.get("cuda"):
+            r = self.global_rank
+            ranks = state.get("ranks_torch")  # every rank's stream (older checkpoints: rank 0's only)
+            # clone: a row view of the (world, n) tensor is not accepted as a generator state
+            torch.set_rng_state(ranks[r].clone() if ranks is not None and r < len(ranks) else state["torch"])
+            cuda_ranks = state.get("ranks_cuda")
+            if torch.cuda.is_available() and cuda_ranks is not None and r < len(cuda_ranks):
+                torch.cuda.set_rng_state(cuda_ranks[r].clone())
+            elif torch.cuda.is_available() and state.get("cuda"):
                 torch.cuda.set_rng_state_all(state["cuda"])
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
@@ -215,9 +223,19 @@ class DINOPretrainModule(pl.LightningModule):
         cfg = _plain(dict(self.student.backbone.config))
         checkpoint["tokenmix"] = {"backbone": cfg, "variant": cfg.get("variant", self.hparams.variant),
                                   "arch": cfg.get("arch", self.hparams.arch), "kind": "dino_pretrain"}
-        # RNG streams (drop-path draws from the global generator); single-process exact, see docs/pretraining.md
+        # RNG streams (drop-path draws from the global generator) of every rank: Lightning calls this hook on all
+        # ranks (rank 0 writes the file), so the gather is reached by each
         checkpoint["tokenmix_rng"] = {"torch": torch.get_rng_state(),
-                                      "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+                                      "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                                      "ranks_torch": self._gather_rng(torch.get_rng_state())}
+        if torch.cuda.is_available() and self.device.type == "cuda":
+            checkpoint["tokenmix_rng"]["ranks_cuda"] = self._gather_rng(torch.cuda.get_rng_state(self.device))
+
+    def _gather_rng(self, state: torch.Tensor) -> torch.Tensor:
+        """(world, len(state)) uint8: the state of each rank, in rank order."""
+        if self.trainer.world_size == 1:
+            return state[None].clone()
+        return self.trainer.strategy.all_gather(state.to(self.device)).cpu()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         meta = checkpoint.get("tokenmix")

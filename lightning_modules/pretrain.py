@@ -1,11 +1,15 @@
 """``make pretrain``: DINO pretraining through LightningCLI.
 
     python -m lightning_modules.pretrain --variant entmax --data demo [--data-root R] [--resume 1|PATH]
-        [--preset demo|paper|tiny] [any LightningCLI override, e.g. --trainer.max_epochs=5]
+        [--preset demo|paper|tiny] [--dist-timeout MIN] [any LightningCLI override, e.g. --trainer.max_epochs=5]
 
 Config = configs/pretrain/<preset>.yaml (preset defaults: ``demo`` for DATA=demo, ``paper`` otherwise), then
 configs/variants/<part>.yaml for each part of the variant name (``entmax+lastvit`` -> entmax.yaml, lastvit.yaml),
 then the command-line overrides. Logs and checkpoints: runs/<variant>/pretrain/<preset>/version_N/.
+
+Before Lightning starts any other process this (launching) process checks the dataset layout, refuses
+``num_nodes > 1`` outside a cluster launcher, reads the node count from SLURM / torchrun when not given, and
+gives DDP a process-group timeout (``--dist-timeout``, minutes) so a world that never forms ends in an error.
 """
 from __future__ import annotations
 
@@ -28,12 +32,17 @@ from lightning_modules.checkpoint_io import AtomicCheckpointIO
 from lightning_modules.dino_module import DINOPretrainModule, NonFiniteLossError
 from tokenmix import paths
 from tokenmix.io import CheckpointError
+from tokenmix.launch import (DEFAULT_TIMEOUT_MIN, LaunchError, cluster_num_nodes, ddp_strategy,
+                             global_rank, refuse_unlaunched_multinode, wants_sync_batchnorm)
 
 CONFIGS = paths.REPO / "configs"
 PRESETS = ("paper", "demo", "tiny")
+PAPER_TOTAL_BATCH = 1024  # 64 per GPU x 8 GPUs x 2 nodes
 
 
 class PretrainCLI(LightningCLI):
+    dist_timeout_min = DEFAULT_TIMEOUT_MIN
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # one source of truth for values two objects need
         parser.link_arguments("trainer.max_epochs", "model.epochs")
@@ -53,6 +62,13 @@ class PretrainCLI(LightningCLI):
                 isinstance(c, RichProgressBar) for c in cbs):
             cbs.append(RichProgressBar())
         config["callbacks"] = cbs
+        config["strategy"] = ddp_strategy(config.get("strategy", "auto"), config.get("accelerator", "auto"),
+                                          config.get("devices", "auto"), config.get("num_nodes", 1),
+                                          self.dist_timeout_min)
+        if getattr(self.model.hparams, "use_bn_in_head", False):
+            # official DINO: convert_sync_batchnorm on student and teacher under DDP
+            config["sync_batchnorm"] = wants_sync_batchnorm(config["strategy"], config.get("accelerator", "auto"),
+                                                            "model.use_bn_in_head")
         return super()._instantiate_trainer(config, callbacks)
 
 
@@ -64,6 +80,8 @@ def _pre_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", default="")
     p.add_argument("--preset", default="")
     p.add_argument("--runs-dir", default="", help="where runs/ lives (default: tokenmix.paths.RUNS)")
+    p.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_MIN,
+                   help="minutes DDP waits for the other processes before failing")
     p.add_argument("-h", "--help", action="store_true")
     return p
 
@@ -84,10 +102,13 @@ def resolve_resume(resume: str, variant: str, runs: Path) -> Optional[str]:
     return str(path)
 
 
+def preset_file(preset: str) -> Path:
+    return Path(preset) if preset not in PRESETS else CONFIGS / "pretrain" / f"{preset}.yaml"
+
+
 def build_args(variant: str, data: str, data_root: str, preset: str, runs: Path, resume_path: Optional[str],
                rest: list[str]) -> list[str]:
-    preset_file = Path(preset) if preset not in PRESETS else CONFIGS / "pretrain" / f"{preset}.yaml"
-    args = [f"--config={preset_file}"]
+    args = [f"--config={preset_file(preset)}"]
     for part in variant.split("+"):
         f = CONFIGS / "variants" / f"{part}.yaml"
         if f.is_file():
@@ -99,10 +120,55 @@ def build_args(variant: str, data: str, data_root: str, preset: str, runs: Path,
             version = ck.parent.parent.name
     args += [f"--model.variant={variant}", f"--data.data={data}", f"--data.data_root={data_root}",
              "--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger",
-             f"--trainer.logger.save_dir={runs / variant / 'pretrain'}", f"--trainer.logger.name={preset_file.stem}"]
+             f"--trainer.logger.save_dir={runs / variant / 'pretrain'}",
+             f"--trainer.logger.name={preset_file(preset).stem}"]
     if version:
         args.append(f"--trainer.logger.version={version}")
     return args + rest
+
+
+def nodes_from_cluster(rest: list[str]) -> list[str]:
+    """``--trainer.num_nodes`` from SLURM / torchrun when the command line does not set it (else the preset's 1)."""
+    if any(a.startswith("--trainer.num_nodes") for a in rest):
+        return []
+    n = cluster_num_nodes()
+    return [f"--trainer.num_nodes={n}"] if n else []
+
+
+def early_checks(data: str, data_root: str, preset_file: Path, rest: list[str]) -> None:
+    """The launch checks that need no model (seconds, before a ViT is built): nodes and the dataset layout.
+    ``check_launch`` repeats them on the final configuration."""
+    nodes = [a.split("=", 1)[1] for a in rest if a.startswith("--trainer.num_nodes=")]
+    if not nodes:
+        import yaml
+        nodes = [((yaml.safe_load(preset_file.read_text()) or {}).get("trainer") or {}).get("num_nodes", 1)]
+    refuse_unlaunched_multinode(int(nodes[-1]))
+    if data != "demo":  # the demo data is generated on first use instead
+        from datamodules.pretraining import load_split
+        load_split(data, data_root, "train")
+
+
+def check_launch(cli: LightningCLI) -> None:
+    """Everything checkable before Lightning starts other processes: node launch and the dataset layout."""
+    refuse_unlaunched_multinode(cli.trainer.num_nodes)
+    dm = cli.datamodule
+    dm.setup("fit")  # DatasetError naming DATA_ROOT and the expected layout
+    if any(type(cb).__name__ in ("PretrainVisuals", "KNNCheck") for cb in cli.trainer.callbacks):
+        dm.eval_dataset(dm.val_split)  # the callbacks read the validation split on the first step
+
+
+def scale_line(cli: LightningCLI) -> str:
+    """World size, per-device / total batch, lr after the linear scaling rule, precision, vs the paper's 1024."""
+    trainer, hp, dm = cli.trainer, cli.model.hparams, cli.datamodule
+    world = trainer.world_size
+    total = int(dm.batch_size) * world
+    lr = hp.lr * total / 256.0 if hp.scale_lr else hp.lr  # as DINOPretrainModule.build_schedules
+    where = (f"{trainer.num_nodes} node(s) x {trainer.num_devices} {type(trainer.accelerator).__name__[:-11]}"
+             f" device(s)")
+    ratio = (f"= the paper's {PAPER_TOTAL_BATCH}" if total == PAPER_TOTAL_BATCH
+             else f"= {total / PAPER_TOTAL_BATCH:.4g} x the paper's {PAPER_TOTAL_BATCH}")
+    return (f"scale: world size {world} ({where}), batch {dm.batch_size} per device x {world} = {total} total "
+            f"{ratio}, lr {lr:.3g} (base {hp.lr:g} x {total}/256), precision {trainer.precision}")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -131,12 +197,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    rest = nodes_from_cluster(rest) + rest
+    try:
+        early_checks(known.data, known.data_root, preset_file(preset), rest)
+    except (LaunchError, DatasetError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     args = build_args(variant, known.data, known.data_root, preset, runs, resume_path, rest)
     if not torch.cuda.is_available() and not any(a.startswith("--trainer.precision") for a in rest):
         # mixed precision only where the device supports it (the paper preset asks for 16-mixed): fp32 on CPU
         args.append("--trainer.precision=32-true")
     # the frozen EMA teacher is in eval mode on purpose (no drop-path, as the official teacher)
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+    PretrainCLI.dist_timeout_min = known.dist_timeout
     saved_argv, sys.argv = sys.argv, sys.argv[:1]  # everything reaches LightningCLI through `args`
     try:
         cli = PretrainCLI(DINOPretrainModule, DINOPretrainDataModule, run=False, args=args,
@@ -150,6 +223,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     finally:
         sys.argv = saved_argv
     trainer = cli.trainer
+    try:
+        check_launch(cli)
+    except (LaunchError, DatasetError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if global_rank() == 0:  # the processes Lightning starts run this too
+        print(scale_line(cli), flush=True)
     if resume_path:
         rank_zero_info(f"resuming from {resume_path}")
     try:

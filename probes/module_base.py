@@ -6,10 +6,10 @@ from typing import Any, Optional
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from .data import TARGET_KEYS, collate
-from .features import FeatureCache, FrozenFeatures
+from .features import FeatureCache, FrozenFeatures, shard_indices
 
 
 class _CachedSplit(Dataset):
@@ -50,12 +50,25 @@ class ProbeModule(L.LightningModule):
         self.history: list[dict[str, Any]] = []
 
     # -- data --------------------------------------------------------------------------------------
+    def _shard(self, ds: Dataset, split: str) -> Dataset:
+        """This rank's fixed part of a split under DDP (the trainer runs with use_distributed_sampler=False).
+        Train: equal lengths, so every rank takes the same number of steps (the last n % world samples
+        rest, as DistributedSampler(drop_last=True)); fixed shards keep each rank's feature cache valid.
+        Val: every sample exactly once, no padding; torchmetrics sums the states over ranks."""
+        world = self._trainer.world_size if self._trainer is not None else 1
+        if world == 1:
+            return ds
+        rank, n = self.global_rank, len(ds)
+        return Subset(ds, shard_indices(n - n % world if split == "train" else n, rank, world))
+
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         ds = self.train_set if split == "train" else self.val_set
         cache = self.caches[split]
         if self.use_cache and cache.complete:
             ds = _CachedSplit(cache, self.cached_targets[split])
             return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, collate_fn=collate, num_workers=0)
+        ds = self._shard(ds, split)
+        cache.size = len(ds)  # complete once this rank's shard is in
         return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, collate_fn=collate,
                           num_workers=self.num_workers, persistent_workers=False)
 

@@ -1,11 +1,12 @@
 """ImageNet linear probe (DINO eval_linear): [CLS] of the last 4 blocks concatenated, one linear layer,
-SGD momentum 0.9, wd 0, lr 0.001 x batch / 256, cosine over epochs; the best val top-1 is reported."""
+SGD momentum 0.9, wd 0, lr 0.001 x total batch / 256, cosine over epochs; the best val top-1 is reported."""
 from __future__ import annotations
 
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torchmetrics.classification import MulticlassAccuracy
 
 from .heads import LinearClassifier
 from .module_base import ProbeModule
@@ -16,11 +17,13 @@ class LinearClassificationProbe(ProbeModule):
                  momentum: float = 0.9, weight_decay: float = 0.0, **kw):
         super().__init__(features, train_set, val_set, **kw)
         self.num_classes = num_classes
-        self.lr = lr if lr is not None else 0.001 * self.batch_size / 256
+        self.lr = lr  # None: 0.001 x total batch (all devices) / 256, set in configure_optimizers
         self.momentum, self.weight_decay = momentum, weight_decay
         self.head = LinearClassifier(features.out_dim, num_classes)
         self.best_top1 = float("-inf")
-        self._correct = self._correct5 = self._total = 0
+        # torchmetrics: counts summed over ranks at compute() (every validation sample is on exactly one rank)
+        self.top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.top5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro")
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         feats = self.get_features(batch, "train")
@@ -28,20 +31,16 @@ class LinearClassificationProbe(ProbeModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=len(feats))
         return loss
 
-    def on_validation_epoch_start(self) -> None:
-        self._correct = self._correct5 = self._total = 0
-
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         logits = self.head(self.get_features(batch, "val"))
         y = batch["label"].long().to(logits.device)
-        top = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        self._correct += (top[:, 0] == y).sum().item()
-        self._correct5 += (top == y[:, None]).any(1).sum().item()
-        self._total += len(y)
+        self.top1.update(logits, y)
+        self.top5.update(logits, y)
 
     def on_validation_epoch_end(self) -> None:
-        top1 = 100.0 * self._correct / max(1, self._total)
-        top5 = 100.0 * self._correct5 / max(1, self._total)
+        top1, top5 = 100.0 * self.top1.compute().item(), 100.0 * self.top5.compute().item()
+        self.top1.reset()
+        self.top5.reset()
         self.best_top1 = max(self.best_top1, top1)
         self.log("val/top1", top1, prog_bar=True)
         self.log("val/top5", top5)
@@ -50,7 +49,8 @@ class LinearClassificationProbe(ProbeModule):
         self.history.append(dict(self.last_metrics))
 
     def configure_optimizers(self):
-        opt = torch.optim.SGD(self.head.parameters(), lr=self.lr, momentum=self.momentum,
+        lr = self.lr if self.lr is not None else 0.001 * self.batch_size * self.trainer.world_size / 256
+        opt = torch.optim.SGD(self.head.parameters(), lr=lr, momentum=self.momentum,
                               weight_decay=self.weight_decay)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, self.trainer.max_epochs), eta_min=0)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}

@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import Subset
 
 from tokenmix.io import CheckpointError
+from tokenmix.launch import (LaunchError, cluster_num_nodes, count_devices, ddp_strategy, global_rank,
+                             refuse_unlaunched_multinode, wants_sync_batchnorm)
 
 from .backbone import BackboneInfo, resolve_backbone
 from .data import ProbeDataset, build_split, collate, resolve_data
-from .features import FeatureSpec, FrozenFeatures
+from .features import FeatureSpec, FrozenFeatures, extraction_module
 from .knn import DEFAULT_KS, knn_top1_topk
 from .results import write_results
 from .tasks import TASKS, TaskSpec, get_task
@@ -30,6 +33,7 @@ from .tasks import TASKS, TaskSpec, get_task
 
 DEFAULT_EPOCHS = {"linear": 100, "seg": 40, "depth": 40}
 DEMO_ARCH = "vit_demo_patch8"
+VERSION_ENV = "TOKENMIX_PROBE_VERSION"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,10 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--which", choices=("teacher", "student"), default="teacher")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--accelerator", default="auto")
+    p.add_argument("--devices", default="1", help="devices per node through Lightning DDP ('auto' = all "
+                   "present); batch size is per device, features are sharded over the processes and gathered")
+    p.add_argument("--num-nodes", type=int, default=None, help="default: from SLURM / torchrun, else 1")
+    p.add_argument("--dist-timeout", type=float, default=10.0, help="minutes DDP waits for the other processes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs-dir", default=None, help="default: tokenmix.paths.RUNS (runs/)")
     p.add_argument("--quick", action="store_true", help="smoke test: 2 epochs, at most 16 samples per split")
     p.add_argument("--progress", action="store_true", help="show the Lightning progress bar")
+    p.add_argument("--print-config", "--print_config", action="store_true",
+                   help="print the resolved settings (config file + flags) as YAML and exit")
     return p
 
 
@@ -127,15 +137,25 @@ def _num_classes(ds, task: TaskSpec) -> int:
     return max(labels) + 1 if labels else task.num_classes
 
 
-@torch.no_grad()
-def extract_all(features: FrozenFeatures, ds, batch_size: int, num_workers: int,
-                device) -> tuple[torch.Tensor, torch.Tensor]:
-    feats, labels = [], []
-    features.to(device)
-    for batch in DataLoader(ds, batch_size=batch_size, shuffle=False, collate_fn=collate, num_workers=num_workers):
-        feats.append(features(batch["image"].to(device)).cpu())
-        labels.append(batch["label"])
-    return torch.cat(feats), torch.cat(labels)
+def make_trainer(args, **kw):
+    """A Lightning Trainer on ``--accelerator`` x ``--devices`` x ``--num-nodes`` (DDP with a process-group
+    timeout when more than one process); our modules shard their own data (use_distributed_sampler=False)."""
+    import lightning as L
+    strategy = ddp_strategy("auto", args.accelerator, args.devices, args.num_nodes, args.dist_timeout)
+    return L.Trainer(accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes,
+                     strategy=strategy, use_distributed_sampler=False,
+                     sync_batchnorm=wants_sync_batchnorm(strategy, args.accelerator, "the probe head's BatchNorm"),
+                     enable_model_summary=False, enable_progress_bar=args.progress, **kw)
+
+
+def extract_all(args, features: FrozenFeatures, datasets, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(features, labels) of each dataset, sharded over the processes and gathered on every rank."""
+    import warnings
+    module = extraction_module(features, datasets, batch_size, args.num_workers, collate)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(module\\(s\\) in eval mode|does not have many workers).*")
+        make_trainer(args, logger=False, enable_checkpointing=False).predict(module, return_predictions=False)
+    return module.results
 
 
 def seg_num_classes(ds, dataset: str, root: Path, task: TaskSpec) -> int:
@@ -163,8 +183,10 @@ def run_knn(args, task, info: BackboneInfo, train_base, val_base, blocks, size, 
     dev = _device(args.accelerator)
     # DINO eval_knn: Resize 256 + CenterCrop 224 for both splits
     t0 = time.perf_counter()
-    ftr, ytr = extract_all(features, ProbeDataset(train_base, size, "cls_val", ps), bs, args.num_workers, dev)
-    fva, yva = extract_all(features, ProbeDataset(val_base, size, "cls_val", ps), bs, args.num_workers, dev)
+    (ftr, ytr), (fva, yva) = extract_all(args, features, [ProbeDataset(train_base, size, "cls_val", ps),
+                                                          ProbeDataset(val_base, size, "cls_val", ps)], bs)
+    if global_rank() != 0:  # every rank took part in the extraction; rank 0 votes and reports
+        return {}
     ks = [int(k) for k in str(args.knn_k).split(",") if k.strip()]
     if dev.type == "cuda":  # similarity matrix on the GPU (DINO keeps the features there too)
         ftr, fva = ftr.to(dev), fva.to(dev)
@@ -215,11 +237,8 @@ def build_probe(args, task, info: BackboneInfo, train_base, val_base, blocks, si
 def fit_probe(args, module, logger, max_epochs: int) -> dict[str, Any]:
     import warnings
 
-    import lightning as L
-    trainer = L.Trainer(max_epochs=max_epochs, logger=logger, accelerator=args.accelerator, devices=1,
-                        enable_checkpointing=False, num_sanity_val_steps=0, log_every_n_steps=1,
-                        reload_dataloaders_every_n_epochs=1, enable_model_summary=False,
-                        enable_progress_bar=args.progress)
+    trainer = make_trainer(args, max_epochs=max_epochs, logger=logger, enable_checkpointing=False,
+                           num_sanity_val_steps=0, log_every_n_steps=1, reload_dataloaders_every_n_epochs=1)
     t0 = time.perf_counter()
     with warnings.catch_warnings():  # the frozen backbone is in eval mode on purpose
         warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode.*")
@@ -250,8 +269,31 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[list[str]] = None) -> Path:
+def run_version(root: Path, spawns: bool) -> str:
+    """The run's ``version_N``: claimed by rank 0 (the launching process), handed to the processes Lightning
+    starts through the environment. Other ranks (e.g. started by srun) write nothing and claim nothing."""
+    if os.environ.get(VERSION_ENV):
+        return os.environ[VERSION_ENV]
+    if global_rank() != 0:
+        return f"version_rank{global_rank()}"
+    version = claim_version_dir(root)
+    if spawns:
+        os.environ[VERSION_ENV] = version  # inherited by the processes the DDP launcher starts
+    return version
+
+
+def main(argv: Optional[list[str]] = None) -> Optional[Path]:
     args = parse_args(argv)
+    if args.print_config:
+        import yaml
+        get_task(args.task.strip())  # an unknown task is an error here too
+        print(yaml.safe_dump({k: v for k, v in vars(args).items() if k != "print_config"}, sort_keys=False))
+        return None
+    if args.num_nodes is None:
+        args.num_nodes = cluster_num_nodes() or 1
+    refuse_unlaunched_multinode(args.num_nodes)
+    if str(args.devices).strip() not in ("auto", "-1") and not str(args.devices).replace(",", "").isdigit():
+        raise ValueError(f"--devices {args.devices!r}: expected a number, a list like '0,1', or 'auto'")
     task = get_task(args.task.strip())
     demo = (args.data or "demo").strip() == "demo"
     if args.quick:
@@ -275,7 +317,7 @@ def main(argv: Optional[list[str]] = None) -> Path:
     from lightning.pytorch.loggers import TensorBoardLogger
     from tokenmix.paths import RUNS
     runs = Path(args.runs_dir) if args.runs_dir else RUNS
-    version = claim_version_dir(runs / info.run_name / "probe" / task.name)
+    version = run_version(runs / info.run_name / "probe" / task.name, count_devices(args.accelerator, args.devices) > 1)
     logger = TensorBoardLogger(save_dir=str(runs / info.run_name / "probe"), name=task.name, version=version,
                                default_hp_metric=False)
     log_dir = Path(logger.log_dir)
@@ -294,9 +336,13 @@ def main(argv: Optional[list[str]] = None) -> Path:
         module, spec = build_probe(args, task, info, train_base, val_base, blocks, size, name, root)
         spec_desc = spec.describe()
         per_layer[key] = fit_probe(args, module, sub, args.max_epochs or DEFAULT_EPOCHS[task.kind])
-        from tokenmix.io import atomic_torch_save
-        atomic_torch_save(module.head.state_dict(), log_dir / f"head_{key}.pt")
+        if global_rank() == 0:
+            from tokenmix.io import atomic_torch_save
+            atomic_torch_save(module.head.state_dict(), log_dir / f"head_{key}.pt")
 
+    if global_rank() != 0:  # the other processes of a multi-device run: rank 0 writes the results
+        os.environ.pop(VERSION_ENV, None)
+        return log_dir / "results.json"
     metrics = per_layer["default"] if list(per_layer) == ["default"] else {"layers": per_layer}
     config = {k: v for k, v in vars(args).items()}
     config.update(dataset=name, data_root=str(root), img_size=list(size), features=spec_desc,
@@ -306,6 +352,7 @@ def main(argv: Optional[list[str]] = None) -> Path:
         config["demo_data"] = json.loads(marker.read_text())
     path = write_results(log_dir, task=task.name, metrics=metrics, config=config, backbone=info.describe())
     print(f"[probe] {task.name} on {info.run_name}: {summary(task, metrics)}\n[probe] results: {path}")
+    os.environ.pop(VERSION_ENV, None)  # a next run in this process claims its own folder
     return path
 
 
@@ -326,7 +373,7 @@ def summary(task: TaskSpec, metrics: dict) -> str:
 def cli() -> None:
     try:
         main()
-    except (ValueError, FileNotFoundError, KeyError, CheckpointError) as e:
+    except (ValueError, FileNotFoundError, KeyError, CheckpointError, LaunchError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"probe error: {msg}", file=sys.stderr)
         sys.exit(2)

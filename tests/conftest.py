@@ -24,12 +24,16 @@ def pytest_runtest_makereport(item, call):
             rep.longrepr = f"TOKENMIX_STRICT_SKIPS=1: this skip is an error here ({reason})"
 
 
+# The process's state before any test ran. A deterministic Trainer switches torch's deterministic mode on for
+# the whole process, also from a module-scoped fixture that runs before a per-test fixture could record a
+# "before" value, so every test ends by going back to this baseline, not to what it found.
+_DETERMINISTIC = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+
+
 @pytest.fixture(autouse=True)
 def _restore_determinism():
-    """A deterministic Trainer switches torch's deterministic mode on for the whole process: undo it."""
-    before = torch.are_deterministic_algorithms_enabled()
     yield
-    torch.use_deterministic_algorithms(before)
+    torch.use_deterministic_algorithms(_DETERMINISTIC[0], warn_only=_DETERMINISTIC[1])
 
 
 @pytest.fixture

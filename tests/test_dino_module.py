@@ -27,7 +27,7 @@ def test_teacher_is_a_separate_frozen_copy():
     for (ns, ps), (nt, pt) in zip(m.student.state_dict().items(), m.teacher.state_dict().items()):
         assert ns == nt and torch.equal(ps, pt)  # same starting weights
     m.train()
-    assert m.student.training and not m.teacher.training  # teacher keeps drop-path off
+    assert m.student.training and not m.teacher.backbone.training  # teacher backbone keeps drop-path off
 
 
 class Probe(pl.Callback):

@@ -69,6 +69,7 @@ def _assert_same(a, b, where="ckpt"):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(tmp_path):
     # tiny preset: 3 batches per epoch, 2 epochs, a checkpoint every 2 steps, drop-path on (global RNG stream)
     straight = _run(tmp_path / "a", [])

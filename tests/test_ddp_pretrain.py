@@ -1,0 +1,176 @@
+"""Pretraining with 2 processes on CPU (gloo, Lightning DDP): end to end, SIGKILL + resume bitwise, head BatchNorm
+as the official code (batch statistics in the teacher, SyncBatchNorm under DDP)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+HELPERS = Path(__file__).resolve().parent / "ddp_helpers.py"
+DDP = ["--variant", "softmax", "--preset", "tiny", "--trainer.devices=2", "--trainer.enable_progress_bar=false"]
+
+
+def _env(**extra) -> dict:
+    # one thread per process: 2 processes on a 2-core machine
+    return dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", OMP_NUM_THREADS="1",
+                **{k: str(v) for k, v in extra.items()})
+
+
+def _start(runs: Path, extra: list[str], pause: int = -1) -> subprocess.Popen:
+    cmd = [sys.executable, str(HELPERS), *DDP, "--runs-dir", str(runs), *extra]
+    return subprocess.Popen(cmd, cwd=REPO, env=_env(PAUSE_AT_STEP=pause), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _finish(p: subprocess.Popen, timeout: int = 400) -> str:
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 0, out[-4000:]
+    return out
+
+
+def _last(runs: Path) -> Path:
+    found = sorted(runs.glob("softmax/pretrain/**/checkpoints/last.ckpt"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.mark.timeout(600)
+def test_two_processes_end_to_end_with_knn_summary_and_head_batchnorm(tmp_path):
+    tiny = yaml.safe_load((REPO / "configs/pretrain/tiny.yaml").read_text())
+    cbs = tiny["trainer"]["callbacks"]
+    cbs.insert(-1, {"class_path": "lightning_modules.callbacks.KNNCheck", "init_args": {"max_train": 64}})
+    cbs.append({"class_path": "ddp_helpers.RankReport", "init_args": {"out_dir": str(tmp_path / "ranks")}})
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs}}))
+    t0 = time.perf_counter()
+    out = _finish(_start(tmp_path / "runs", [f"--config={extra}", "--model.use_bn_in_head=true"]))
+    print(f"2-process tiny run: {time.perf_counter() - t0:.1f} s")
+    # the scale line: world size, per-device and total batch, lr after the linear rule, vs the paper's 1024
+    assert "scale: world size 2" in out and "batch 8 per device x 2 = 16 total" in out, out[-3000:]
+    assert "lr 0.00025 (base 0.004 x 16/256)" in out and "the paper's 1024" in out
+    ck_path = _last(tmp_path / "runs")
+    logdir = ck_path.parents[1]
+    assert sorted(p.name for p in logdir.parent.iterdir()) == ["version_0"]  # one run folder
+    assert len(list(logdir.glob("events.out.tfevents.*"))) == 1  # TensorBoard from rank 0 only
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["knn_top1"] is not None and summary["knn_top1_random_init"] is not None
+    ck = torch.load(ck_path, weights_only=True)
+    assert ck["global_step"] == 6
+    assert ck["tokenmix_rng"]["ranks_torch"].shape[0] == 2  # every rank's RNG stream
+    ranks = [json.loads((tmp_path / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    for r in ranks:  # the teacher is never in eval mode (official); CPU DDP has no SyncBatchNorm (see below)
+        assert r["teacher_head_bn"] and set(r["teacher_head_bn"]) == {"BatchNorm1d"}
+        assert all(r["teacher_head_bn_training"])
+        assert any(abs(v) > 0 for v in r["teacher_head_running_mean"][0])  # batch statistics were used
+    assert "no CPU SyncBatchNorm" in out
+
+
+def test_sync_batchnorm_under_gpu_ddp_converts_student_and_teacher():
+    """Official: ``nn.SyncBatchNorm.convert_sync_batchnorm`` on student and teacher when the head has BatchNorm.
+    Here Lightning's ``sync_batchnorm`` flag, which applies TorchSyncBatchNorm to the whole module."""
+    from lightning.pytorch.plugins import TorchSyncBatchNorm
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from lightning_modules.dino_module import DINOPretrainModule
+    from tokenmix.launch import wants_sync_batchnorm
+    assert wants_sync_batchnorm(DDPStrategy(), "gpu", "head") and not wants_sync_batchnorm("auto", "gpu", "head")
+    assert not wants_sync_batchnorm(DDPStrategy(), "cpu", "head")  # torch's DDP refuses SyncBatchNorm on CPU
+    m = DINOPretrainModule(arch="vit_test_patch8", use_bn_in_head=True, out_dim=16, head_hidden_dim=32,
+                           head_bottleneck_dim=8, epochs=2, warmup_epochs=0, n_local_crops=0)
+    m = TorchSyncBatchNorm().apply(m)
+    for net in (m.student, m.teacher):
+        kinds = {type(x).__name__ for x in net.head.modules() if isinstance(x, torch.nn.modules.batchnorm._BatchNorm)}
+        assert kinds == {"SyncBatchNorm"}
+
+
+def _assert_same(a, b, where="ckpt"):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), f"{where} differs (max abs diff {(a.double() - b.double()).abs().max()})"
+    elif isinstance(a, dict):
+        assert set(a) == set(b), f"{where}: keys differ {set(a) ^ set(b)}"
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+@pytest.mark.timeout(900)
+def test_two_processes_sigkill_then_resume_is_bitwise_identical(tmp_path):
+    # tiny preset: 3 batches per epoch, 2 epochs, a checkpoint every 2 steps, drop-path on (per-rank RNG streams)
+    tiny = yaml.safe_load((REPO / "configs/pretrain/tiny.yaml").read_text())
+    cbs = tiny["trainer"]["callbacks"] + [{"class_path": "ddp_helpers.RankSeed"}]  # ranks draw differently
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs}}))
+    t0 = time.perf_counter()
+    straight = _start(tmp_path / "a", [f"--config={extra}"])
+    killed = _start(tmp_path / "b", [f"--config={extra}"], pause=5)  # step 5 = last of epoch 1; last.ckpt: step 4
+    try:
+        paused, deadline = 0, time.time() + 400
+        while paused < 2:  # both ranks inside step 5
+            line = killed.stdout.readline()
+            assert line or killed.poll() is None, "run ended before reaching the pause"
+            assert time.time() < deadline
+            paused += line.startswith("PAUSED")
+        os.killpg(killed.pid, signal.SIGKILL)  # the launcher and the process it started
+        killed.wait(timeout=60)
+    finally:
+        if killed.poll() is None:
+            os.killpg(killed.pid, signal.SIGKILL)
+    assert killed.returncode == -signal.SIGKILL
+    assert torch.load(_last(tmp_path / "b"), weights_only=True)["global_step"] == 4
+    resumed = _finish(_start(tmp_path / "b", [f"--config={extra}", "--resume", "1"]))
+    assert "resuming from" in resumed
+    _finish(straight)
+    print(f"straight + killed + resumed 2-process runs: {time.perf_counter() - t0:.1f} s")
+    a = torch.load(_last(tmp_path / "a"), weights_only=True)
+    b = torch.load(_last(tmp_path / "b"), weights_only=True)
+    assert a["global_step"] == b["global_step"] == 6
+    for key in ("state_dict", "optimizer_states", "tokenmix_rng", "epoch", "global_step"):
+        _assert_same(a[key], b[key], key)
+    assert a["optimizer_states"][0]["state"], "optimizer state is empty"
+    rng = a["tokenmix_rng"]["ranks_torch"]
+    assert rng.shape[0] == 2 and not torch.equal(rng[0], rng[1])  # two different streams, both restored
+
+
+def test_teacher_head_batchnorm_uses_batch_statistics_as_official():
+    """Official main_dino.py never calls teacher.eval(): with use_bn_in_head its head BatchNorm normalises with
+    the batch's own mean / biased variance and updates its running stats. Reference: F.batch_norm in training
+    mode on the captured input (the official BN forward in train mode)."""
+    from lightning_modules.dino_module import DINOPretrainModule
+    torch.manual_seed(0)
+    m = DINOPretrainModule(arch="vit_test_patch8", use_bn_in_head=True, out_dim=16, head_hidden_dim=32,
+                           head_bottleneck_dim=8, epochs=2, warmup_epochs=0, n_local_crops=0)
+    bn = next(x for x in m.teacher.head.modules() if isinstance(x, torch.nn.BatchNorm1d))
+    # as built (Lightning 2.6 keeps the modes it finds) and after train(): head in train mode, backbone not
+    assert bn.training and not m.teacher.backbone.training  # backbone: no drop-path, as the official teacher
+    m.train()
+    assert bn.training and not m.teacher.backbone.training
+    seen = {}
+    bn.register_forward_hook(lambda mod, inp, out: seen.update(x=inp[0].detach(), y=out.detach()))
+    with torch.no_grad():
+        m.teacher([torch.randn(4, 3, 32, 32), torch.randn(4, 3, 32, 32)])
+    ref = F.batch_norm(seen["x"], None, None, bn.weight, bn.bias, training=True, eps=bn.eps)
+    assert torch.allclose(seen["y"], ref, atol=1e-5)
+    assert bn.running_mean.abs().sum() > 0  # moved from its zero init
+    m.eval()
+    assert not bn.training
