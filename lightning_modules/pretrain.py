@@ -91,7 +91,9 @@ def resolve_resume(resume: str, variant: str, runs: Path) -> Optional[str]:
     if not resume or resume.lower() in ("0", "false", "no"):
         return None
     if resume.lower() in ("1", "true", "yes", "last"):
-        found = sorted((runs / variant / "pretrain").glob("**/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        found = sorted((p for p in (runs / variant / "pretrain").glob("**/last.ckpt")  # DINO runs only
+                        if not p.relative_to(runs / variant / "pretrain").parts[0].startswith("supervised")),
+                       key=lambda p: p.stat().st_mtime)
         if not found:
             raise CheckpointError(f"RESUME={resume}: no last.ckpt under {runs / variant / 'pretrain'}; run "
                                   f"`make pretrain VARIANT={variant}` first or pass RESUME=<path to a .ckpt>")

@@ -24,10 +24,12 @@ from datamodules.errors import DatasetError
 from datamodules.supervised import SupervisedDataModule
 from lightning_modules.checkpoint_io import AtomicCheckpointIO
 from lightning_modules.dino_module import NonFiniteLossError
-from lightning_modules.pretrain import CONFIGS, PretrainCLI, _pre_parser, build_args, resolve_resume
+from lightning_modules.pretrain import (CONFIGS, PretrainCLI, _pre_parser, build_args, early_checks,
+                                         nodes_from_cluster, resolve_resume)
 from lightning_modules.supervised_module import SupervisedModule, validate_supervised_checkpoint
 from tokenmix import paths
 from tokenmix.io import CheckpointError
+from tokenmix.launch import LaunchError, refuse_unlaunched_multinode
 
 PRESETS = ("supervised_demo", "supervised_paper")
 
@@ -87,6 +89,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             validate_supervised_checkpoint(safe_torch_load(Path(resume_path)), resume_path)
     except CheckpointError as e:
         return _fail(str(e))
+    rest = nodes_from_cluster(rest) + rest
+    try:  # the same launch checks as DINO pretraining, before any model or process exists
+        early_checks(known.data, known.data_root, preset_file, rest)
+    except (LaunchError, DatasetError) as e:
+        return _fail(str(e))
+    PretrainCLI.dist_timeout_min = known.dist_timeout
     args = build_args(variant, known.data, known.data_root, str(preset_file), runs, resume_path, rest)
     if not torch.cuda.is_available() and not any(a.startswith("--trainer.precision") for a in rest):
         args.append("--trainer.precision=32-true")  # a GPU AMP override in a preset falls back to fp32 on CPU
@@ -103,11 +111,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     finally:
         sys.argv = saved_argv
     try:
+        refuse_unlaunched_multinode(cli.trainer.num_nodes)
         have = cli.datamodule.num_classes
         if have != cli.model.hparams.num_classes:
             return _fail(f"the dataset has {have} classes but model.num_classes={cli.model.hparams.num_classes}; "
                          f"pass --model.num_classes={have}")
-    except DatasetError as e:
+    except (LaunchError, DatasetError) as e:
         return _fail(str(e))
     if resume_path:
         rank_zero_info(f"resuming from {resume_path}")

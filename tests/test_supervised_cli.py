@@ -113,6 +113,14 @@ def test_bad_inputs_fail_fast(tmp_path, capsys):
     assert supervised.main(["--variant", "lastvit", "--preset", str(_preset(tmp_path)), "--runs-dir", str(tmp_path),
                             "--model.num_classes=5"]) == 2
     assert "8 classes but model.num_classes=5" in capsys.readouterr().err
+    missing = tmp_path / "no_such_imagenet"
+    assert supervised.main(["--variant", "lastvit", "--data", "imagenet", "--data-root", str(missing),
+                            "--runs-dir", str(tmp_path)]) == 2
+    assert str(missing) in capsys.readouterr().err  # the launching process names the wrong DATA_ROOT
+    assert supervised.main(["--variant", "lastvit", "--preset", str(_preset(tmp_path)), "--runs-dir", str(tmp_path),
+                            "--trainer.num_nodes=2"]) == 2
+    err = capsys.readouterr().err
+    assert "num_nodes=2" in err and "srun" in err and "torchrun" in err
 
 
 @pytest.mark.timeout(600)
