@@ -131,8 +131,12 @@ class DINOPretrainModule(pl.LightningModule):
         # multi-tensor AdamW kernel (same update as the official for-loop AdamW, tests/test_dino_fast_step.py)
         self._set_last_layer_trainable(True)  # the groups must hold it even if a previous fit left it frozen
         groups = get_params_groups(self.student)
-        fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for g in groups for p in g["params"])
-        return torch.optim.AdamW(groups, fused=fused or None)
+        # fp16 + GradScaler: a fused AdamW un-scales inside step(), so Lightning would not un-scale before our
+        # clipping; use the multi-tensor (foreach) AdamW there, which Lightning un-scales first
+        scaled = self._trainer is not None and str(self.trainer.precision).startswith("16")
+        eligible = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for g in groups for p in g["params"])
+        kind = {} if not eligible else {"foreach": True} if scaled else {"fused": True}
+        return torch.optim.AdamW(groups, **kind)
 
     def _set_last_layer_trainable(self, trainable: bool) -> None:
         for p in self._last_layer:

@@ -198,3 +198,14 @@ def test_multi_tensor_clip_and_ema_match_the_per_parameter_loops():
     ema_(teacher, [p.detach() for p in params], 0.99)
     for t, w in zip(teacher, want):
         torch.testing.assert_close(t, w, rtol=1e-6, atol=1e-7)
+
+
+def test_fp16_grad_scaler_gets_a_foreach_adamw_so_clipping_sees_unscaled_gradients():
+    # Lightning does not un-scale before clipping for optimizers that un-scale in step() (fused ones)
+    from types import SimpleNamespace
+    m = tiny_module()
+    m._trainer = SimpleNamespace(precision="16-mixed")
+    opt = m.configure_optimizers()
+    assert opt.defaults["foreach"] is True and not opt.defaults["fused"]
+    m._trainer = SimpleNamespace(precision="32-true")
+    assert m.configure_optimizers().defaults["fused"] is True
