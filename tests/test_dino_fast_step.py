@@ -209,3 +209,28 @@ def test_fp16_grad_scaler_gets_a_foreach_adamw_so_clipping_sees_unscaled_gradien
     assert opt.defaults["foreach"] is True and not opt.defaults["fused"]
     m._trainer = SimpleNamespace(precision="32-true")
     assert m.configure_optimizers().defaults["fused"] is True
+
+
+class _LastLayerGrads(pl.Callback):
+    def on_before_optimizer_step(self, trainer, m, optimizer):
+        # under DDP the last layer keeps requires_grad (the reducer expects its gradient) ...
+        assert all(p.requires_grad for p in m._last_layer)
+        assert m.student.head.last_layer.weight_v.grad is not None
+
+    def on_train_batch_end(self, trainer, m, outputs, batch, batch_idx):
+        # ... and the official cancel drops it after clipping in the frozen epoch
+        assert (m.student.head.last_layer.weight_v.grad is None) == (trainer.current_epoch < 1)
+
+
+@pytest.mark.timeout(900)
+def test_two_process_ddp_keeps_the_official_frozen_layer_handling(tmp_path):
+    torch.manual_seed(0)
+    m = tiny_module()
+    start = m.student.head.last_layer.weight_v.detach().clone()
+    trainer = pl.Trainer(max_epochs=EPOCHS, max_steps=NITER + 1, accelerator="cpu", devices=2,
+                         strategy="ddp_spawn", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[_LastLayerGrads()], default_root_dir=tmp_path)
+    trainer.fit(m, datamodule=FixedData(make_batches(NITER)))
+    # the callback's checks ran in both processes (a failure there fails the fit); rank 0's weights come back:
+    # the last layer moved in the one unfrozen step
+    assert (m.student.head.last_layer.weight_v - start).abs().max() > 1e-6
