@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from backbones import create_vit, parse_variant
 from lightning_modules.dino_head import DINOHead, MultiCropWrapper
 from lightning_modules.dino_loss import DINOLoss
-from lightning_modules.schedules import (cancel_gradients_last_layer, clip_gradients, cosine_scheduler,
-                                         get_params_groups)
+from lightning_modules.compile_ops import use_compiled_sparse_attention
+from lightning_modules.fast_ops import clip_grad_norms_, ema_
+from lightning_modules.schedules import cancel_gradients_last_layer, cosine_scheduler, get_params_groups
 
 
 class NonFiniteLossError(RuntimeError):
@@ -53,6 +54,9 @@ class DINOPretrainModule(pl.LightningModule):
         clip_grad: per-parameter gradient-norm clip (0 = off). freeze_last_layer: epochs with the head's last
             layer frozen. epochs: schedule length (linked to trainer.max_epochs by the CLI).
         n_local_crops: local crops per image (linked to the data module).
+        stats_every: collapse statistics (and the schedule scalars) every N steps; None = the trainer's
+            log_every_n_steps (Lightning writes only those steps anyway). The loss is logged every step.
+        compile: ``torch.compile`` the student and teacher backbones and heads (opt-in; see docs/performance.md).
     """
 
     def __init__(self, arch: str = "vit_small_patch16", variant: str = "softmax",
@@ -64,7 +68,8 @@ class DINOPretrainModule(pl.LightningModule):
                  lr: float = 0.0005, scale_lr: bool = True, min_lr: float = 1e-6, warmup_epochs: int = 10,
                  weight_decay: float = 0.04, weight_decay_end: float = 0.4, momentum_teacher: float = 0.996,
                  momentum_teacher_end: float = 1.0, clip_grad: float = 3.0, freeze_last_layer: int = 1,
-                 epochs: int = 100, n_local_crops: int = 8):
+                 epochs: int = 100, n_local_crops: int = 8, stats_every: Optional[int] = None,
+                 compile: bool = False):
         super().__init__()
         spec = parse_variant(variant)  # clear ValueError listing the valid names
         if warmup_teacher_temp_epochs > epochs or warmup_epochs >= epochs:
@@ -85,6 +90,14 @@ class DINOPretrainModule(pl.LightningModule):
         for p in self.teacher.parameters():
             p.requires_grad = False
         self.teacher.backbone.eval()  # no drop-path; the head keeps train mode (see train())
+        # cached parameter lists for the multi-tensor EMA (same order as the official zip over parameters())
+        self._ema_pairs = (list(self.teacher.parameters()), list(self.student.parameters()))
+        # last-layer parameters the optimizer trains once unfrozen (weight_g stays fixed with norm_last_layer)
+        self._last_layer = [p for n, p in self.student.named_parameters() if "last_layer" in n and p.requires_grad]
+        if compile:
+            use_compiled_sparse_attention()  # the C++ entmax kernel as an opaque op: no graph breaks
+            for m in (self.student.backbone, self.student.head, self.teacher.backbone, self.teacher.head):
+                m.compile(dynamic=False)  # in place: state-dict keys unchanged; one graph per crop size
         self.ncrops = 2 + n_local_crops
         self.dino_loss = DINOLoss(out_dim, self.ncrops, warmup_teacher_temp, teacher_temp,
                                   warmup_teacher_temp_epochs, epochs, student_temp, center_momentum)
@@ -92,7 +105,15 @@ class DINOPretrainModule(pl.LightningModule):
         self._it = 0
         self._rng_to_restore: Optional[dict] = None
         self._last_batch_end: Optional[float] = None
-        self.last_stats: dict[str, float] = {}
+        self._last_loss: Optional[torch.Tensor] = None
+        self._stats: dict[str, float] = {}
+        self._nonfinite: Optional[torch.Tensor] = None  # device flag: first step with a non-finite loss, or -1
+
+    @property
+    def last_stats(self) -> dict[str, float]:
+        """Last loss (read back from the device only when asked) and the last collapse statistics."""
+        loss = {} if self._last_loss is None else {"train/loss": float(self._last_loss)}
+        return {**loss, **self._stats}
 
     # ------------------------------------------------------------------ structure
     def train(self, mode: bool = True):
@@ -108,8 +129,26 @@ class DINOPretrainModule(pl.LightningModule):
         return self.teacher.backbone
 
     def configure_optimizers(self):
-        # lr / weight decay are overwritten every iteration from the schedules (as main_dino.py)
-        return torch.optim.AdamW(get_params_groups(self.student))
+        # lr / weight decay are overwritten every iteration from the schedules (as main_dino.py). One fused
+        # multi-tensor AdamW kernel (same update as the official for-loop AdamW, tests/test_dino_fast_step.py)
+        self._set_last_layer_trainable(True)  # the groups must hold it even if a previous fit left it frozen
+        groups = get_params_groups(self.student)
+        # fp16 + GradScaler: a fused AdamW un-scales inside step(), so Lightning would not un-scale before our
+        # clipping; use the multi-tensor (foreach) AdamW there, which Lightning un-scales first
+        scaled = self._trainer is not None and str(self.trainer.precision).startswith("16")
+        eligible = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for g in groups for p in g["params"])
+        kind = {} if not eligible else {"foreach": True} if scaled else {"fused": True}
+        return torch.optim.AdamW(groups, **kind)
+
+    def _set_last_layer_trainable(self, trainable: bool) -> None:
+        for p in self._last_layer:
+            p.requires_grad_(trainable)
+
+    def on_train_epoch_start(self) -> None:
+        # while frozen the official code computes the 65536 x 256 last layer's gradient and then drops it; we do
+        # not compute it. Under DDP the reducer expects every parameter it was built with: keep the official way.
+        frozen = self.current_epoch < self.hparams.freeze_last_layer
+        self._set_last_layer_trainable(not (frozen and self.trainer.world_size == 1))
 
     # ------------------------------------------------------------------ schedules
     def total_batch_size(self) -> int:
@@ -152,21 +191,44 @@ class DINOPretrainModule(pl.LightningModule):
             teacher_out = self.teacher(crops[:2])
         student_out = self.student(crops)
         temp = self.dino_loss.teacher_temp(epoch)
-        stats = self._collapse_stats(teacher_out, temp)  # before the loss moves the centre
+        stats_step = self._stats_step(it)
+        if stats_step:
+            self._stats = self._collapse_stats(teacher_out, temp)  # before the loss moves the centre
         loss = self.dino_loss(student_out, teacher_out, epoch)
-        if not torch.isfinite(loss):
-            ckpt = getattr(self.trainer.checkpoint_callback, "last_model_path", "") or "none saved yet"
-            raise NonFiniteLossError(
-                f"loss is {loss.item()} at step {it} (epoch {epoch}); training stopped. Last good checkpoint: "
-                f"{ckpt}. Resume from it (RESUME=<path>) with a lower lr, trainer.precision=32-true or a larger "
-                "warm-up.")
-        m = self._sched(self.momentum_schedule, it)
-        self.last_stats = {"train/loss": loss.detach().item(), **stats}
+        self._last_loss = loss.detach()
+        self._watch_finite(self._last_loss, it, now=stats_step or loss.device.type == "cpu")
         log = dict(on_step=True, on_epoch=False, sync_dist=False)
-        self.log("train/loss", loss.detach(), prog_bar=True, **log)
-        self.log_dict({"train/lr": lr, "train/wd": wd, "train/teacher_momentum": m, "train/teacher_temp": temp,
-                       "train/epoch": float(epoch), **stats}, **log)
+        self.log("train/loss", self._last_loss, prog_bar=True, **log)
+        if stats_step:
+            m = self._sched(self.momentum_schedule, it)
+            self.log_dict({"train/lr": lr, "train/wd": wd, "train/teacher_momentum": m, "train/teacher_temp": temp,
+                           "train/epoch": float(epoch), **self._stats}, **log)
         return loss
+
+    def _stats_step(self, it: int) -> bool:
+        every = self.hparams.stats_every or self.trainer.log_every_n_steps
+        last = self.trainer.is_last_batch and self.current_epoch + 1 >= (self.trainer.max_epochs or 0)
+        return (it + 1) % max(every, 1) == 0 or it == 0 or last
+
+    def _watch_finite(self, loss: torch.Tensor, it: int, now: bool) -> None:
+        """Remember the first step with a non-finite loss on the device (no host sync); raise when ``now`` (CPU
+        tensors: every step, it costs nothing; GPU: statistics steps) and before any checkpoint is written."""
+        if self._nonfinite is None or self._nonfinite.device != loss.device:
+            self._nonfinite = torch.full((), -1, dtype=torch.long, device=loss.device)
+        bad = ~torch.isfinite(loss) & (self._nonfinite < 0)
+        self._nonfinite = torch.where(bad, torch.full_like(self._nonfinite, it), self._nonfinite)
+        if now:
+            self._raise_if_nonfinite()
+
+    def _raise_if_nonfinite(self) -> None:
+        if self._nonfinite is None or int(self._nonfinite) < 0:
+            return
+        step = int(self._nonfinite)
+        ckpt = getattr(self.trainer.checkpoint_callback, "last_model_path", "") or "none saved yet"
+        raise NonFiniteLossError(
+            f"loss is {float(self._last_loss)} (first non-finite at step {step}, now step {self._it}, epoch "
+            f"{self.current_epoch}); training stopped. Last good checkpoint: {ckpt}. Resume from it (RESUME=<path>) "
+            "with a lower lr, trainer.precision=32-true or a larger warm-up.")
 
     @torch.no_grad()
     def _collapse_stats(self, teacher_out: torch.Tensor, temp: float) -> dict[str, float]:
@@ -186,17 +248,15 @@ class DINOPretrainModule(pl.LightningModule):
         if gradient_clip_val:
             raise ValueError("use model.clip_grad (DINO's per-parameter clipping), not trainer.gradient_clip_val")
         if self.hparams.clip_grad:
-            clip_gradients(self.student, self.hparams.clip_grad)
+            clip_grad_norms_(self.student.parameters(), self.hparams.clip_grad)
         cancel_gradients_last_layer(self.current_epoch, self.student, self.hparams.freeze_last_layer)
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
         optimizer.step(closure=optimizer_closure)
         self.ema_update(self._sched(self.momentum_schedule, self._it))
 
-    @torch.no_grad()
     def ema_update(self, m: float) -> None:
-        for ps, pt in zip(self.student.parameters(), self.teacher.parameters()):
-            pt.mul_(m).add_((1 - m) * ps.detach())
+        ema_(*self._ema_pairs, m)
 
     def on_train_batch_start(self, batch, batch_idx: int):
         if self._rng_to_restore is not None:  # resumed: continue the RNG streams (drop-path) where they were
@@ -220,6 +280,7 @@ class DINOPretrainModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self._raise_if_nonfinite()  # never write a checkpoint past a non-finite loss
         cfg = _plain(dict(self.student.backbone.config))
         checkpoint["tokenmix"] = {"backbone": cfg, "variant": cfg.get("variant", self.hparams.variant),
                                   "arch": cfg.get("arch", self.hparams.arch), "kind": "dino_pretrain"}

@@ -1,0 +1,99 @@
+"""``torch.compile`` support for the DINO modules: the fused sparse attention as an opaque custom op.
+
+``backbones.entmax_fast.sparse_attention`` calls its C++ kernel through ctypes on raw data pointers, which
+``torch.compile`` cannot trace: every attention layer would split the graph (and the lock around the kernel
+build adds more breaks). Here the same forward and backward are registered as two ``torch.library`` custom
+ops (``tokenmix::sparse_attn_fwd`` / ``tokenmix::sparse_attn_bwd``) with shape-only fake kernels, so the
+compiler keeps one graph around them and calls the kernel as it is. Same functions, same values.
+
+    >>> import torch
+    >>> from lightning_modules.compile_ops import sparse_attention_op
+    >>> q = k = v = torch.randn(1, 2, 5, 4)
+    >>> out = sparse_attention_op(q, k, v, 0.5, "entmax15")   # = entmax_fast.sparse_attention(...)
+    >>> tuple(out.shape)
+    (1, 2, 5, 4)
+
+``use_compiled_sparse_attention()`` routes ``backbones.attention`` through the op (called once by
+``DINOPretrainModule(compile=True)``).
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from torch import Tensor
+
+from backbones import entmax_fast as ef
+
+
+def _dtype(q: Tensor) -> torch.dtype:
+    return q.dtype if q.dtype in ef._SUFFIX else torch.float32  # as entmax_fast._logits
+
+
+@torch.library.custom_op("tokenmix::sparse_attn_fwd", mutates_args=())
+def _fwd(q: Tensor, k: Tensor, v: Tensor, scale: float, entmax15: bool) -> tuple[Tensor, Tensor]:
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        s = ef._logits(q, k, scale)
+        s2 = s.view(-1, s.shape[-1])
+        mt = ef._row_stats(s2, entmax15, ef._use_cpp(s2))
+        return torch.matmul(s, v.to(s.dtype)), mt
+
+
+@_fwd.register_fake
+def _(q, k, v, scale, entmax15):
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    rows = q.shape[-2]
+    for b in batch:
+        rows = rows * b
+    dt = _dtype(q)
+    return q.new_empty((*batch, q.shape[-2], v.shape[-1]), dtype=dt), q.new_empty((rows, 2), dtype=dt)
+
+
+@torch.library.custom_op("tokenmix::sparse_attn_bwd", mutates_args=())
+def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, mt: Tensor, scale: float,
+         entmax15: bool) -> tuple[Tensor, Tensor, Tensor]:
+    cpp = ef._use_cpp(mt.new_empty(0, 0))  # same choice as the forward (device and dtype decide it)
+    ctx = SimpleNamespace(saved_tensors=(q, k, v, mt), scale=scale, entmax15=entmax15, cpp=cpp)
+    with torch.autocast(device_type=dout.device.type, enabled=False):
+        dq, dk, dv, _, _ = ef._SparseAttentionFn._backward(ctx, dout)
+    return dq, dk, dv
+
+
+@_bwd.register_fake
+def _(dout, q, k, v, mt, scale, entmax15):
+    # the real gradients come from matmuls: contiguous, whatever the inputs' strides
+    return (q.new_empty(q.shape, dtype=q.dtype), k.new_empty(k.shape, dtype=k.dtype),
+            v.new_empty(v.shape, dtype=v.dtype))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, scale, entmax15 = inputs
+    ctx.save_for_backward(q, k, v, output[1])
+    ctx.scale, ctx.entmax15 = scale, entmax15
+
+
+def _backward(ctx, dout, _dmt):
+    q, k, v, mt = ctx.saved_tensors
+    dq, dk, dv = _bwd(dout, q, k, v, mt, ctx.scale, ctx.entmax15)
+    return dq, dk, dv, None, None
+
+
+_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def sparse_attention_op(q: Tensor, k: Tensor, v: Tensor, scale: float, kind: str = "entmax15") -> Tensor:
+    """``entmax_fast.sparse_attention`` through the custom ops (same arguments, checks and values)."""
+    if kind not in ("entmax15", "sparsemax"):
+        raise ValueError(f"sparse_attention kind must be 'entmax15' or 'sparsemax', got '{kind}'")
+    if q.dim() < 2 or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"sparse_attention expects q (..., N, d), k (..., M, d), v (..., M, dv); got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    return _fwd(q, k, v, float(scale), kind == "entmax15")[0]
+
+
+def use_compiled_sparse_attention() -> None:
+    """Route the ViT attention layers' fused sparse attention through the custom op (process-wide; same values,
+    so eager modules are unaffected apart from the dispatch). Deviation from "one home": backbones/attention.py
+    imports ``sparse_attention`` by name, so its module global is replaced here."""
+    import backbones.attention as attention
+    attention.sparse_attention = sparse_attention_op

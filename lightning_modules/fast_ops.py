@@ -1,0 +1,53 @@
+"""Whole-model DINO update steps in a few multi-tensor kernels instead of one small kernel per parameter.
+
+Same maths as facebookresearch/dino ``utils.clip_gradients`` and the ``train_one_epoch`` teacher EMA (the
+per-parameter loops live on in ``schedules.clip_gradients`` as the reference); nothing here reads a value back
+to the host, so on a GPU the step never waits for the device.
+
+    >>> import torch
+    >>> s = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2, 2))]
+    >>> s[0].grad, s[1].grad = torch.full((3,), 4.0), torch.zeros(2, 2)
+    >>> norms = clip_grad_norms_(s, clip=3.0)   # each gradient on its own: ||g|| <= 3
+    >>> [round(float(g.norm()), 4) for g in (s[0].grad, s[1].grad)]
+    [3.0, 0.0]
+    >>> t = [torch.zeros(3), torch.zeros(2, 2)]
+    >>> ema_(t, s, m=0.75); float(t[0][0])
+    0.25
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import torch
+
+
+@torch.no_grad()
+def clip_grad_norms_(params: Iterable[torch.Tensor], clip: float) -> Optional[torch.Tensor]:
+    """Per-parameter clipping, the official rule: ``coef = clip / (||g||_2 + 1e-6)``, gradients with
+    ``coef < 1`` are multiplied by it (the others are left alone: ``min(coef, 1)`` multiplies them by exactly 1).
+
+    Returns the per-parameter gradient norms (before clipping) as one tensor on the gradients' device, or None
+    when no parameter has a gradient. Parameters without a gradient are skipped, as upstream.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return None
+    norms = torch.stack(torch._foreach_norm(grads, 2))
+    coefs = (clip / (norms + 1e-6)).clamp_max_(1.0)
+    by_dtype: dict[torch.dtype, tuple[list, list]] = {}
+    for g, c in zip(grads, coefs.unbind()):
+        gs, cs = by_dtype.setdefault(g.dtype, ([], []))
+        gs.append(g)
+        cs.append(c)
+    for gs, cs in by_dtype.values():
+        torch._foreach_mul_(gs, cs)
+    return norms
+
+
+@torch.no_grad()
+def ema_(teacher: list[torch.Tensor], student: list[torch.Tensor], m: float) -> None:
+    """``teacher = m * teacher + (1 - m) * student`` for every pair at once, rounded as the official
+    ``mul_(m).add_((1 - m) * student)`` (``add_(student, alpha=1 - m)`` fuses the multiply-add and rounds
+    differently: a few ulps per step, which the teacher's temperature turns into 1e-6-scale loss changes)."""
+    torch._foreach_mul_(teacher, m)
+    torch._foreach_add_(teacher, torch._foreach_mul(student, 1 - m))
