@@ -13,8 +13,16 @@ RESUME ?=
 LAYER ?=
 OUT ?=
 ARGS ?=
+# make study (docs/study.md)
+STUDY ?=
+VARIANTS ?= softmax entmax registers specialization lastvit
+SEEDS ?= 3
+TASKS ?= knn voc nyuv2 pib corloc
+PRESET ?= $(if $(filter demo,$(DATA)),demo,paper)
+LAUNCHER ?= local
+DRY_RUN ?=
 
-.PHONY: install test pretrain probe analyze report check-data export bench tensorboard demo-data clean
+.PHONY: install test pretrain probe analyze report study check-data export bench tensorboard demo-data clean
 
 install: .venv/.installed
 
@@ -43,6 +51,9 @@ analyze: install
 
 report: install
 	$(PY) -m analysis.report $(ARGS)
+
+study: install
+	$(PY) -m study --name '$(STUDY)' --variants '$(VARIANTS)' --seeds '$(SEEDS)' --tasks '$(TASKS)' --preset '$(PRESET)' --data '$(DATA)' --data-root '$(DATA_ROOT)' --launcher '$(LAUNCHER)' $(if $(filter-out 0 no false,$(DRY_RUN)),--dry-run) $(ARGS)
 
 check-data: install
 	$(PY) -m datamodules.check --task '$(TASK)' --data-root '$(DATA_ROOT)' $(ARGS)
