@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="evaluate TASK on another data set, e.g. voc=voc:/data/VOCdevkit (repeatable)")
     a("--probe-config", default=None, help="--config of every probe (default configs/probe/demo.yaml for demo "
       "data, configs/probe/paper.yaml otherwise; '' for none)")
-    a("--pretrain-args", default="", help="extra flags of every pretraining run (LightningCLI overrides)")
+    a("--pretrain-args", default="", help="extra flags of every pretraining run (LightningCLI overrides); "
+      "write --pretrain-args='--trainer.max_epochs=3' (with '=': the value starts with '-')")
     a("--probe-args", default="", help="extra flags of every probe run")
     a("--analysis-args", default="", help="extra flags of every analysis run")
     a("--launcher", default="local", choices=("local", "slurm"))
@@ -116,15 +117,14 @@ def describe(spec: Spec, cells, done, python: str, verbose: bool) -> str:
 
 
 def cli_args(args, spec: Spec) -> list[str]:
-    """The flags that re-create this spec (for the slurm report job)."""
-    out = ["--name", spec.name, "--variants", " ".join(spec.variants), "--seeds", ",".join(map(str, spec.seeds)),
-           "--tasks", " ".join(spec.tasks), "--preset", spec.preset, "--data", spec.data,
-           "--data-root", spec.data_root, "--probe-config", spec.probe_config, "--pretrain-args",
-           args.pretrain_args, "--probe-args", args.probe_args, "--analysis-args", args.analysis_args,
-           "--root", str(spec.root), "--baseline", args.baseline]
-    for td in args.task_data:
-        out += ["--task-data", td]
-    return out + (["--out", args.out] if args.out else [])
+    """The flags that re-create this spec (for the slurm report job), as --flag=value: values may start with '-'."""
+    pairs = [("name", spec.name), ("variants", " ".join(spec.variants)), ("seeds", ",".join(map(str, spec.seeds))),
+             ("tasks", " ".join(spec.tasks)), ("preset", spec.preset), ("data", spec.data),
+             ("data-root", spec.data_root), ("probe-config", spec.probe_config),
+             ("pretrain-args", args.pretrain_args), ("probe-args", args.probe_args),
+             ("analysis-args", args.analysis_args), ("root", str(spec.root)), ("baseline", args.baseline)]
+    pairs += [("task-data", td) for td in args.task_data] + ([("out", args.out)] if args.out else [])
+    return [f"--{k}={v}" for k, v in pairs]
 
 
 def main(argv=None) -> int:
@@ -162,11 +162,17 @@ def main(argv=None) -> int:
         progress.show()
         if board is not None:
             board.progress(progress.done)
-        failures = run_missing(spec, cells, done, python, progress, board)
+        try:
+            failures = run_missing(spec, cells, done, python, progress, board)
+        except KeyboardInterrupt:
+            progress.show(final=True)
+            print(f"[study] interrupted: the finished cells are kept; run the same command again to resume "
+                  f"(state in {spec.root})", file=sys.stderr)
+            return 130
         progress.show(final=True)
     table = collect(spec, cells, status(spec, cells), args.baseline)
     out = Path(args.out) if args.out else paths.REPO / "reports"
-    report = write_report(spec, table, out, command="make study " + " ".join(shlex.quote(a) for a in
+    report = write_report(spec, table, out, command="python -m study " + " ".join(shlex.quote(a) for a in
                                                                           (argv if argv is not None else sys.argv[1:])))
     if board is not None:
         board.results(table, spec.root)

@@ -7,6 +7,7 @@ An interrupted pretraining resumes from its own last.ckpt (the pretraining CLI's
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ def run_cell(spec: Spec, cell: Cell, python: str, progress: Progress) -> tuple[O
     log.parent.mkdir(parents=True, exist_ok=True)
     progress.started(cell.id + (" (resuming)" if resume else ""))
     since, t0 = time.time() - 1, time.monotonic()
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(log, "a") as f:
         f.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         f.flush()
@@ -47,10 +49,12 @@ def run_cell(spec: Spec, cell: Cell, python: str, progress: Progress) -> tuple[O
             proc.wait()
             raise
     seconds = time.monotonic() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the cell's own CPU time: a measure contention leaves alone
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     rec = None
     if proc.returncode == 0:
         try:
-            rec = record(spec, cell, seconds, since=since)
+            rec = record(spec, cell, seconds, since=since, cpu_seconds=cpu)
         except FileNotFoundError as e:
             with open(log, "a") as f:
                 f.write(f"[study] {e}\n")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,8 @@ class Spec:
                probe_config: Optional[str] = None, pretrain_args=(), probe_args=(), analysis_args=(),
                root: Optional[Path] = None, task_data=()) -> "Spec":
         from backbones.variants import parse_variant  # the variant names' one home
+        if not re.fullmatch(r"[A-Za-z0-9_.+-]+", name or ""):
+            raise ValueError(f"study name {name!r}: letters, digits and _ . + - only (it names a folder)")
         canon = []
         for v in variants:
             c = parse_variant(v).name  # ValueError listing every valid variant
@@ -163,11 +166,12 @@ def eval_key(spec: Spec, task: str, seed: int) -> str:
 
 
 def plan(spec: Spec) -> list[Cell]:
-    """Every pretraining cell first, then every task on every checkpoint (the order they run in)."""
+    """Every pretraining cell first, then each task on every checkpoint (the order they run in)."""
     pre = [Cell(f"{PRETRAIN}.{v}.seed{s}", PRETRAIN, v, s, key=pretrain_key(spec, v, s))
            for v in spec.variants for s in spec.seeds]
+    # task-major: a study stopped half-way already has whole columns (every variant and seed of the first tasks)
     evals = [Cell(f"{t}.{c.variant}.seed{c.seed}", task_source(t), c.variant, c.seed, t,
-                  eval_key(spec, t, c.seed), c.id) for c in pre for t in spec.tasks]
+                  eval_key(spec, t, c.seed), c.id) for t in spec.tasks for c in pre]
     return pre + evals
 
 
@@ -267,7 +271,8 @@ def find_results(spec: Spec, cell: Cell, sha: str, since: float = 0.0) -> Option
     return best
 
 
-def record(spec: Spec, cell: Cell, seconds: float = 0.0, since: float = 0.0) -> dict:
+def record(spec: Spec, cell: Cell, seconds: float = 0.0, since: float = 0.0,
+           cpu_seconds: Optional[float] = None) -> dict:
     """Write the marker of a cell that just finished (local runner and job scripts). Raises when the cell left
     nothing to record (no checkpoint; no results.json for its checkpoint)."""
     ckpt = checkpoint_path(spec, cell)
@@ -277,6 +282,7 @@ def record(spec: Spec, cell: Cell, seconds: float = 0.0, since: float = 0.0) -> 
     sha = file_sha256(ckpt)
     rec = {"cell": cell.id, "key": cell.key, "kind": cell.kind, "variant": cell.variant, "seed": cell.seed,
            "task": cell.task, "checkpoint": str(ckpt), "ckpt_sha256": sha, "seconds": round(seconds, 2),
+           "cpu_seconds": None if cpu_seconds is None else round(cpu_seconds, 2),
            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if cell.kind == PRETRAIN:
         rec.update(size=st.st_size, mtime_ns=st.st_mtime_ns, run_dir=str(ckpt.parent.parent))

@@ -51,6 +51,7 @@ class Table:
     summaries: dict = field(default_factory=dict)  # (variant, column key) -> Summary
     diffs: dict = field(default_factory=dict)  # (variant, column key) -> Difference
     cells: list = field(default_factory=list)  # (cell id, run folder, checkpoint sha) of finished cells
+    cost: dict = field(default_factory=dict)  # "pretrain" | task -> [(wall seconds, CPU seconds)] per finished cell
 
 
 def collect(spec: Spec, cells: list[Cell], done: dict, baseline: str = "softmax") -> Table:
@@ -60,6 +61,7 @@ def collect(spec: Spec, cells: list[Cell], done: dict, baseline: str = "softmax"
         rec = done.get(c.id)
         if rec:
             t.cells.append((c.id, rec.get("run_dir", ""), rec.get("ckpt_sha256", "")))
+            t.cost.setdefault(c.task or "pretrain", []).append((rec.get("seconds"), rec.get("cpu_seconds")))
         if c.kind == "pretrain":
             continue
         data = spec.eval_data(c.task)[0]
@@ -127,7 +129,8 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     heads = [c.title + (" ↓" if c.lower_is_better else "") for c in t.columns]
     sep = "|---|" + "---|" * len(t.columns)
-    papers = paper_table() if t.columns else []
+    # the papers' rows that report at least one of these columns
+    papers = [p for p in paper_table() if any(p.get(c.key) is not None for c in t.columns)]
     L = [f"# tokenmix study `{spec.name}`", "",
          f"Generated {now} by `{command}`: variants {', '.join(spec.variants)}; seeds "
          f"{', '.join(map(str, spec.seeds))}; preset `{spec.preset}`; data `{spec.data}`; tasks "
@@ -154,6 +157,8 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
     for p in papers:
         L.append(f"| *{p['row']}* (vs its own baseline) | " + " | ".join(_paper_cell(p, c, True)
                                                                           for c in t.columns) + " |")
+    if not papers:
+        L += ["", "The papers report none of these columns (reference rows: `make report`)."]
     L += [""] + [f"- {n}" for n in PAPER_NOTES] + ["", "## Verdicts", ""]
     for c in t.columns:
         lines = [verdict(v, t.baseline, c, t.diffs[(v, c.key)]) for v in t.variants if (v, c.key) in t.diffs]
@@ -167,13 +172,35 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
             vals = [next((f"{x:.{c.digits}f}" for sd, x, _ in t.values.get((v, c.key), []) if sd == s), NOT_RUN)
                     for c in t.columns]
             L.append(f"| {v} | {s} | " + " | ".join(vals) + " |")
+    L += cost_lines(t)
     if plots:
         L += ["", "## Plots", "", "Per-variant points: one per seed; bar = mean ± std.", ""]
         L += [f"![{p}]({p})" for p in plots]
     L += ["", "## Cells", "", "Finished cells, their run folders (TensorBoard logs) and the checkpoint sha256 "
           "(first 12 hex digits).", ""]
-    L += [f"- `{cid}`: `{rd}` (checkpoint {sha[:12]})" for cid, rd, sha in t.cells]
+    L += [f"- `{cid}`: `{_rel(rd)}` (checkpoint {sha[:12]})" for cid, rd, sha in t.cells]
     return "\n".join(L) + "\n"
+
+
+def cost_lines(t: Table) -> list[str]:
+    """Mean wall and CPU (user + system, the cell's own processes) seconds per cell kind, from the markers."""
+    if not t.cost:
+        return []
+    L = ["", "## Cost per cell", "", "Wall time depends on what else runs on the machine; CPU time much less.", "",
+         "| cell | finished | mean wall (s) | mean CPU (s) |", "|---|---|---|---|"]
+    for kind, xs in t.cost.items():
+        wall = [w for w, _ in xs if w]
+        cpu = [c for _, c in xs if c is not None]
+        L.append(f"| {kind} | {len(xs)} | {sum(wall) / len(wall):.0f} |" if wall else f"| {kind} | {len(xs)} | — |")
+        L[-1] += f" {sum(cpu) / len(cpu):.0f} |" if cpu else " — |"
+    return L
+
+
+def _rel(p: str) -> str:
+    try:
+        return str(Path(p).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return p
 
 
 def write_csv(spec: Spec, t: Table, path: Path) -> None:
@@ -217,7 +244,8 @@ def plot_column(t: Table, col, path: Path) -> None:
             ax.errorbar(i + 0.3, s.mean, yerr=s.std or 0, fmt="_", color="k", ms=12, capsize=4)
     ax.set_xticks(range(len(t.variants)), t.variants, rotation=20, fontsize=8)
     ax.set_ylabel(col.title + (" ↓" if col.lower_is_better else ""), fontsize=8)
-    ax.set_title(f"{col.title}: one point per seed, bar = mean ± std", fontsize=8)
+    ax.set_title(col.title, fontsize=9)
+    ax.set_xlabel("dots: one per seed; bar: mean ± std", fontsize=7)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     buf = io.BytesIO()
@@ -227,7 +255,7 @@ def plot_column(t: Table, col, path: Path) -> None:
         f.write(buf.getvalue())
 
 
-def write_report(spec: Spec, t: Table, out: Path, command: str = "make study") -> Path:
+def write_report(spec: Spec, t: Table, out: Path, command: str = "python -m study") -> Path:
     out.mkdir(parents=True, exist_ok=True)
     plots = []
     for c in t.columns:

@@ -157,7 +157,7 @@ def test_changed_marker_config_and_checkpoint_rerun_only_what_changed(tmp_path, 
         [("probes.run", "knn", "entmax")]
     # other probe flags: new probe cells, pretraining and analyses reused
     fake.calls.clear()
-    assert main(_argv(tmp_path, "s", "--probe-args", "--knn-k 20")) == 0
+    assert main(_argv(tmp_path, "s", "--probe-args=--knn-k 20")) == 0
     assert _modules(fake.calls) == ["probes.run"] * 8
     fake.calls.clear()
     assert main(_argv(tmp_path)) == 0  # back to the first flags: their cells are still finished

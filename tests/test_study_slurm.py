@@ -58,7 +58,7 @@ def test_headers_array_sizes_and_dependencies(generated):
     assert calls == ["--parsable pretrain.sbatch", "--parsable --dependency=afterok:1001 eval.sbatch",
                      "--parsable --dependency=afterany:1002 report.sbatch"]
     rep = (folder / "report.sbatch").read_text()
-    assert "--report-only" in rep and "--name s" in rep and "--seeds 0,1" in rep
+    assert "--report-only" in rep and "--name=s" in rep and "--seeds=0,1" in rep and "--probe-args= " in rep
 
 
 def test_every_array_index_runs_its_cell_then_records_it(generated):
