@@ -2,6 +2,8 @@
 # Variables (all optional):  VARIANT=softmax|entmax|registers|specialization|lastvit|entmax+lastvit|...
 #   DATA=demo|<dataset>  DATA_ROOT=<folder with the real dataset>  TASK=<task>  CKPT=<checkpoint>
 #   RESUME=1|<path>  LAYER=<block index>|all  ARGS="<extra LightningCLI / script flags>"
+#   make study: VARIANTS="v1 v2"  SEEDS=<count or list>  TASKS="t1 t2"  PRESET=demo|tiny|paper  LAUNCHER=local|slurm
+#   DRY_RUN=1  STUDY=<name>  (docs/study.md)
 SHELL := /bin/bash
 PY := .venv/bin/python
 VARIANT ?= softmax

@@ -57,6 +57,7 @@ class Table:
 def collect(spec: Spec, cells: list[Cell], done: dict, baseline: str = "softmax") -> Table:
     base = baseline if baseline in spec.variants else None
     t = Table(list(spec.variants), base)
+    finished = set()
     for c in cells:
         rec = done.get(c.id)
         if rec:
@@ -71,13 +72,16 @@ def collect(spec: Spec, cells: list[Cell], done: dict, baseline: str = "softmax"
         res = read_result(Path(rec["results"])) if rec else None
         if res is None:
             continue
+        finished.add(c.task)
         for col in columns_for(c.task, c.kind, data):
             v = col.pick(res.metrics, res.payload)
             if v is not None:
                 t.values.setdefault((c.variant, col.key), []).append((c.seed, v, str(res.path)))
     order = {c.key: i for i, c in enumerate(COLUMNS + EXTRA_COLUMNS)}
-    measured = [c for c in t.columns if any(k == c.key for _, k in t.values)]
-    t.columns = sorted(measured or t.columns, key=lambda c: order[c.key])  # a metric no cell gives: dropped
+    # a column whose task finished without giving its metric (e.g. an older results.json schema) is dropped;
+    # one whose task has not finished yet stays, as 'not run'
+    keep = [c for c in t.columns if any(k == c.key for _, k in t.values) or c.task not in finished]
+    t.columns = sorted(keep, key=lambda c: order[c.key])
     for (v, k), vals in t.values.items():
         t.summaries[(v, k)] = summarize([x for _, x, _ in vals])
     for col in t.columns:

@@ -46,7 +46,7 @@ class SlurmOptions:
 
 def _q(args: list[str]) -> str:
     """Shell words; the python executable stays the variable $PY (set in the script, overridable)."""
-    return " ".join(a if a == PY else shlex.quote(a) for a in args)
+    return " ".join(f'"{a}"' if a == PY else shlex.quote(a) for a in args)
 
 
 def _header(name: str, n: int, opts: SlurmOptions, out: Path, *, nodes: int, tasks: int, gpus: int,

@@ -26,7 +26,7 @@ def test_study_runs_resumes_and_reports(tmp_path):
             "--preset", "tiny", "--pretrain-args=--trainer.enable_progress_bar=false",
             "--task-data", f"knn=demo:{small}", "--probe-args=--knn-k 2,20", "--no-tensorboard"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    first = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=840)
+    first = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "pretraining 2/2, evaluations 2/2" in first.stderr
 
@@ -39,7 +39,7 @@ def test_study_runs_resumes_and_reports(tmp_path):
     cks = sorted((tmp_path / "study").glob("seed*/softmax/pretrain/tiny/study-*/checkpoints/last.ckpt"))
     assert len(cks) == 2
 
-    second = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    second = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "done 4/4 cells; to run: 0 pretraining, 0 evaluations" in second.stdout
     assert "running" not in second.stderr
