@@ -4,9 +4,9 @@ A cell is one subprocess of the project's own command lines: ``pretrain.<variant
 ``python -m lightning_modules.pretrain``; ``<task>.<variant>.seed<s>`` runs ``python -m probes.run`` or
 ``python -m analysis.run`` on that pretraining's ``last.ckpt``. Every cell has a *key*: a hash of everything that
 decides its result (variant, seed, preset file, data, extra flags, probe config file). A finished cell leaves a
-marker under ``runs/study/<name>/done/`` (written atomically) holding its key and the sha256 of the checkpoint
-it made or used (``done/<cell>/<key>.json``). A cell counts as done only when the marker's key is today's key and the checkpoint / results.json
-it names still exist with that sha256; anything else is run (again).
+marker ``runs/study/<name>/done/<cell>/<key>.json`` (written atomically) holding its key and the sha256 of the
+checkpoint it made or used. A cell counts as done only when a marker for today's key exists and the checkpoint /
+results.json it names still exist with that sha256; anything else is run (again).
 
     >>> spec = Spec.create(name="t", variants=["softmax"], seeds=[0], tasks=["knn"], preset="tiny")
     >>> [c.id for c in plan(spec)]
