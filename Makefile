@@ -3,6 +3,8 @@
 #   DATA=demo|<dataset>  DATA_ROOT=<folder with the real dataset>  TASK=<task>  CKPT=<checkpoint>
 #   RESUME=1|<path>  LAYER=<block index>|all  ARGS="<extra LightningCLI / script flags>"
 #   OBJECTIVE=dino|supervised (make pretrain: DINO self-distillation, or LaSt-ViT's label-supervised recipe)
+#   make study: VARIANTS="v1 v2"  SEEDS=<count or list>  TASKS="t1 t2"  PRESET=demo|tiny|paper  LAUNCHER=local|slurm
+#   DRY_RUN=1  STUDY=<name>  (docs/study.md)
 SHELL := /bin/bash
 PY := .venv/bin/python
 VARIANT ?= softmax
@@ -16,8 +18,16 @@ OUT ?=
 ARGS ?=
 OBJECTIVE ?= dino
 PRETRAIN_ENTRY = $(if $(filter supervised,$(OBJECTIVE)),supervised,$(if $(filter dino,$(OBJECTIVE)),pretrain,$(error OBJECTIVE=$(OBJECTIVE): valid are dino, supervised)))
+# make study (docs/study.md)
+STUDY ?=
+VARIANTS ?= softmax entmax registers specialization lastvit
+SEEDS ?= 3
+TASKS ?= knn voc nyuv2 pib corloc
+PRESET ?= $(if $(filter demo,$(DATA)),demo,paper)
+LAUNCHER ?= local
+DRY_RUN ?=
 
-.PHONY: install test pretrain probe analyze report check-data export bench gpu-check tensorboard demo-data clean
+.PHONY: install test pretrain probe analyze report study check-data export bench gpu-check tensorboard demo-data clean
 
 install: .venv/.installed
 
@@ -46,6 +56,9 @@ analyze: install
 
 report: install
 	$(PY) -m analysis.report $(ARGS)
+
+study: install
+	$(PY) -m study --name '$(STUDY)' --variants '$(VARIANTS)' --seeds '$(SEEDS)' --tasks '$(TASKS)' --preset '$(PRESET)' --data '$(DATA)' --data-root '$(DATA_ROOT)' --launcher '$(LAUNCHER)' $(if $(filter-out 0 no false,$(DRY_RUN)),--dry-run) $(ARGS)
 
 check-data: install
 	$(PY) -m datamodules.check --task '$(TASK)' --data-root '$(DATA_ROOT)' $(ARGS)

@@ -1,0 +1,187 @@
+"""``make study``: variants x seeds pretraining runs, then every task on every checkpoint, then one report.
+
+    python -m study --variants "softmax entmax" --seeds 2 --tasks "knn voc pib" --preset tiny [--dry-run]
+    python -m study ... --launcher slurm --nodes 2 --gpus-per-node 8   # job scripts instead of local runs
+
+Finished cells are reused (matched by configuration key and checkpoint sha256), missing ones run in dependency
+order, an interrupted study resumes. State: runs/study/<name>/; report: reports/study.md + study.csv + plots.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from tokenmix import paths
+
+from .plan import PRETRAIN, Spec, checkpoint_path, command, plan, status, write_plan
+
+DEFAULT_VARIANTS = "softmax entmax registers specialization lastvit"
+DEFAULT_TASKS = "knn voc nyuv2 pib corloc"
+
+
+def _words(s: str) -> list[str]:
+    return [w for w in s.replace(",", " ").split() if w]
+
+
+def parse_seeds(s: str) -> list[int]:
+    """'3' -> [0, 1, 2] (a count); '0,4,7' or '0 4 7' -> those seeds."""
+    words = _words(str(s))
+    try:
+        if len(words) == 1 and "," not in str(s):
+            n = int(words[0])
+            if n < 1:
+                raise ValueError
+            return list(range(n))
+        return [int(w) for w in words]
+    except ValueError:
+        raise ValueError(f"--seeds {s!r}: a count (e.g. 3 = seeds 0,1,2) or a list of seeds ('0,4,7')") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m study", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("--name", default="", help="study name: state in runs/study/<name> (default: the preset, +data if not demo)")
+    a("--variants", default=DEFAULT_VARIANTS)
+    a("--seeds", default="3", help="count (3 = seeds 0,1,2) or list ('0,4,7')")
+    a("--tasks", default=DEFAULT_TASKS, help="probe tasks (probes.run) and analysis tasks (analysis.run)")
+    a("--preset", default="", help="pretraining preset (configs/pretrain/<preset>.yaml or a YAML path; "
+      "default demo for DATA=demo, paper otherwise)")
+    a("--data", default="demo")
+    a("--data-root", default="")
+    a("--task-data", action="append", default=[], metavar="TASK=DATA[:ROOT]",
+      help="evaluate TASK on another data set, e.g. voc=voc:/data/VOCdevkit (repeatable)")
+    a("--probe-config", default=None, help="--config of every probe (default configs/probe/demo.yaml for demo "
+      "data, configs/probe/paper.yaml otherwise; '' for none)")
+    a("--pretrain-args", default="", help="extra flags of every pretraining run (LightningCLI overrides); "
+      "write --pretrain-args='--trainer.max_epochs=3' (with '=': the value starts with '-')")
+    a("--probe-args", default="", help="extra flags of every probe run")
+    a("--analysis-args", default="", help="extra flags of every analysis run")
+    a("--launcher", default="local", choices=("local", "slurm"))
+    a("--dry-run", action="store_true", help="print the plan and what is already done; run nothing")
+    a("--report-only", action="store_true", help="write the report from the finished cells; run nothing")
+    a("--out", default="", help="report folder (default: <repo>/reports)")
+    a("--baseline", default="softmax")
+    a("--root", default="", help="study folder (default: runs/study/<name>)")
+    a("--no-tensorboard", action="store_true")
+    s = p.add_argument_group("slurm (LAUNCHER=slurm)")
+    s.add_argument("--nodes", type=int, default=1)
+    s.add_argument("--gpus-per-node", type=int, default=1)
+    s.add_argument("--ntasks-per-node", type=int, default=0, help="default: one task per GPU")
+    s.add_argument("--cpus-per-task", type=int, default=8)
+    s.add_argument("--time", default="24:00:00", help="time limit of a pretraining task")
+    s.add_argument("--eval-time", default="04:00:00", help="time limit of an evaluation task")
+    s.add_argument("--partition", default="")
+    s.add_argument("--account", default="")
+    s.add_argument("--max-parallel", type=int, default=0, help="array throttle (%%N); 0 = none")
+    return p
+
+
+def make_spec(args) -> Spec:
+    preset = args.preset or ("demo" if args.data == "demo" else "paper")
+    name = args.name or (preset if args.data == "demo" else f"{preset}-{args.data}")
+    task_data = []
+    for td in args.task_data:
+        task, _, rest = td.partition("=")
+        data, _, root = rest.partition(":")
+        if not task or not data:
+            raise ValueError(f"--task-data {td!r}: expected TASK=DATA[:ROOT], e.g. voc=voc:/data/VOCdevkit")
+        task_data.append((task, data, root))
+    return Spec.create(name=name, variants=_words(args.variants), seeds=parse_seeds(args.seeds),
+                       tasks=_words(args.tasks), preset=preset, data=args.data, data_root=args.data_root,
+                       probe_config=args.probe_config, pretrain_args=shlex.split(args.pretrain_args),
+                       probe_args=shlex.split(args.probe_args), analysis_args=shlex.split(args.analysis_args),
+                       root=Path(args.root) if args.root else None, task_data=task_data)
+
+
+def describe(spec: Spec, cells, done, python: str, verbose: bool) -> str:
+    n_pre = sum(c.kind == PRETRAIN for c in cells)
+    L = [f"[study] {spec.name}: {len(spec.variants)} variants x {len(spec.seeds)} seeds = {n_pre} pretraining "
+         f"runs, {len(spec.tasks)} tasks -> {len(cells) - n_pre} evaluations; state in {spec.root}"]
+    for c in cells:
+        rec = done.get(c.id)
+        if rec:
+            state, what = "done (reused)", rec.get("results") or rec.get("checkpoint")
+        else:
+            resume = c.kind == PRETRAIN and checkpoint_path(spec, c).is_file()
+            state = "to resume" if resume else "to run"
+            what = " ".join(shlex.quote(x) for x in command(spec, c, python, resume=resume))
+        L.append(f"  {state:<14} {c.id:<32} {what if verbose or rec else ''}".rstrip())
+    todo = [c for c in cells if not done.get(c.id)]
+    L.append(f"[study] done {len(cells) - len(todo)}/{len(cells)} cells; to run: "
+             f"{sum(c.kind == PRETRAIN for c in todo)} pretraining, {sum(c.kind != PRETRAIN for c in todo)} "
+             "evaluations")
+    return "\n".join(L)
+
+
+def cli_args(args, spec: Spec) -> list[str]:
+    """The flags that re-create this spec (for the slurm report job), as --flag=value: values may start with '-'."""
+    pairs = [("name", spec.name), ("variants", " ".join(spec.variants)), ("seeds", ",".join(map(str, spec.seeds))),
+             ("tasks", " ".join(spec.tasks)), ("preset", spec.preset), ("data", spec.data),
+             ("data-root", spec.data_root), ("probe-config", spec.probe_config),
+             ("pretrain-args", args.pretrain_args), ("probe-args", args.probe_args),
+             ("analysis-args", args.analysis_args), ("root", str(spec.root)), ("baseline", args.baseline)]
+    pairs += [("task-data", td) for td in args.task_data] + ([("out", args.out)] if args.out else [])
+    return [f"--{k}={v}" for k, v in pairs]
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        spec = make_spec(args)
+    except ValueError as e:
+        print(f"study error: {e}", file=sys.stderr)
+        return 2
+    python = sys.executable
+    cells = plan(spec)
+    done = status(spec, cells)
+    print(describe(spec, cells, done, python, verbose=args.dry_run), flush=True)
+    if args.dry_run:
+        return 0
+    spec.root.mkdir(parents=True, exist_ok=True)
+    plan_file = write_plan(spec, cells, python)
+    if args.launcher == "slurm" and not args.report_only:
+        from .slurm import SlurmOptions, write_scripts
+        opts = SlurmOptions(args.nodes, args.gpus_per_node, args.ntasks_per_node, args.cpus_per_task, args.time,
+                            args.eval_time, args.partition, args.account, args.max_parallel)
+        scripts = write_scripts(spec, cells, done, opts, plan_file, cli_args(args, spec))
+        print(f"[study] job scripts: {', '.join(str(p) for p in scripts.values())}\n"
+              f"[study] submit with: bash {scripts['submit.sh']}")
+        return 0
+    from .progress import Progress, StudyBoard
+    from .report import collect, write_report
+    board = None if args.no_tensorboard else StudyBoard(spec.root / "tensorboard")
+    failures = []
+    if not args.report_only:
+        from .local import run_missing
+        totals = {s: sum(c.stage == s for c in cells) for s in Progress.STAGES}
+        already = {s: sum(c.stage == s and bool(done.get(c.id)) for c in cells) for s in Progress.STAGES}
+        progress = Progress(totals, already)
+        progress.show()
+        if board is not None:
+            board.progress(progress.done)
+        try:
+            failures = run_missing(spec, cells, done, python, progress, board)
+        except KeyboardInterrupt:
+            progress.show(final=True)
+            print(f"[study] interrupted: the finished cells are kept; run the same command again to resume "
+                  f"(state in {spec.root})", file=sys.stderr)
+            return 130
+        progress.show(final=True)
+    table = collect(spec, cells, status(spec, cells), args.baseline)
+    out = Path(args.out) if args.out else paths.REPO / "reports"
+    report = write_report(spec, table, out, command="python -m study " + " ".join(shlex.quote(a) for a in
+                                                                          (argv if argv is not None else sys.argv[1:])))
+    if board is not None:
+        board.results(table, spec.root)
+        board.close()
+    print(f"[study] report: {report} (+ {out / 'study.csv'}, plots); TensorBoard: {spec.root / 'tensorboard'}")
+    for cid, why in failures:
+        print(f"[study] not finished: {cid}: {why.splitlines()[0]}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

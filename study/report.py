@@ -1,0 +1,272 @@
+"""The study report: reports/study.md + study.csv + one plot per metric.
+
+Metrics are the columns of ``analysis.report`` (``COLUMNS`` + ``EXTRA_COLUMNS``: same titles, same pick of the
+number out of results.json) and the papers' rows are its ``paper_table()``; nothing is copied here. Each cell is
+mean ± std over seeds with n; Δ to the baseline carries ≈ when inside seed noise (``study.stats``).
+
+    >>> table = collect(spec, cells, status(spec, cells))  # doctest: +SKIP
+    >>> write_report(spec, table, Path("reports"))          # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from analysis.report import COLUMNS, EXTRA_COLUMNS, NOT_REPORTED, NOT_RUN, PAPER_NOTES, paper_table
+from tokenmix.io import atomic_write
+
+from .plan import Cell, Spec
+from .results import read_result
+from .stats import Difference, Summary, compare, summarize
+
+INSIDE = "≈"
+
+
+def _is_demo(data: str) -> bool:
+    return data in ("", "demo") or str(data).startswith("demo")
+
+
+def columns_for(task: str, source: str, data: str) -> list:
+    """The report columns one task feeds (analysis columns are tied to the data sets they apply to)."""
+    out = []
+    for c in COLUMNS + EXTRA_COLUMNS:
+        if c.source != source or c.task != task:
+            continue
+        if c.datasets and data not in c.datasets and not (_is_demo(data) and "demo" in c.datasets):
+            continue
+        out.append(c)
+    return out
+
+
+@dataclass
+class Table:
+    variants: list[str]
+    baseline: Optional[str]
+    columns: list = field(default_factory=list)
+    values: dict = field(default_factory=dict)  # (variant, column key) -> [(seed, value, results path)]
+    summaries: dict = field(default_factory=dict)  # (variant, column key) -> Summary
+    diffs: dict = field(default_factory=dict)  # (variant, column key) -> Difference
+    cells: list = field(default_factory=list)  # (cell id, run folder, checkpoint sha) of finished cells
+    cost: dict = field(default_factory=dict)  # "pretrain" | task -> [(wall seconds, CPU seconds)] per finished cell
+
+
+def collect(spec: Spec, cells: list[Cell], done: dict, baseline: str = "softmax") -> Table:
+    base = baseline if baseline in spec.variants else None
+    t = Table(list(spec.variants), base)
+    finished = set()
+    for c in cells:
+        rec = done.get(c.id)
+        if rec:
+            t.cells.append((c.id, rec.get("run_dir", ""), rec.get("ckpt_sha256", "")))
+            t.cost.setdefault(c.task or "pretrain", []).append((rec.get("seconds"), rec.get("cpu_seconds")))
+        if c.kind == "pretrain":
+            continue
+        data = spec.eval_data(c.task)[0]
+        for col in columns_for(c.task, c.kind, data):
+            if col not in t.columns:
+                t.columns.append(col)
+        res = read_result(Path(rec["results"])) if rec else None
+        if res is None:
+            continue
+        finished.add(c.task)
+        for col in columns_for(c.task, c.kind, data):
+            v = col.pick(res.metrics, res.payload)
+            if v is not None:
+                t.values.setdefault((c.variant, col.key), []).append((c.seed, v, str(res.path)))
+    order = {c.key: i for i, c in enumerate(COLUMNS + EXTRA_COLUMNS)}
+    # a column whose task finished without giving its metric (e.g. an older results.json schema) is dropped;
+    # one whose task has not finished yet stays, as 'not run'
+    keep = [c for c in t.columns if any(k == c.key for _, k in t.values) or c.task not in finished]
+    t.columns = sorted(keep, key=lambda c: order[c.key])
+    for (v, k), vals in t.values.items():
+        t.summaries[(v, k)] = summarize([x for _, x, _ in vals])
+    for col in t.columns:
+        b = t.summaries.get((base, col.key))
+        for v in t.variants:
+            a = t.summaries.get((v, col.key))
+            if a and b and v != base and col.delta:
+                t.diffs[(v, col.key)] = compare(a, b)
+    return t
+
+
+# --------------------------------------------------------------------------- formatting
+
+def fmt_summary(s: Optional[Summary], digits: int) -> str:
+    if s is None:
+        return NOT_RUN
+    spread = "n/a" if s.std is None else f"{s.std:.{digits}f}"
+    return f"{s.mean:.{digits}f} ± {spread} (n={s.n})"
+
+
+def fmt_diff(d: Optional[Difference], digits: int) -> str:
+    if d is None:
+        return "—"
+    se = "n/a" if d.se is None else f"{d.se:.{digits}f}"
+    mark = f" {INSIDE}" if d.inside_noise else ""
+    return f"{d.delta:+.{digits}f} ± {se}{mark}"
+
+
+def verdict(variant: str, baseline: str, col, d: Difference) -> str:
+    """'entmax vs softmax: +1.20 ± 0.41, outside seed noise (higher is better: entmax better)'."""
+    head = f"{variant} vs {baseline}: {fmt_diff(d, col.digits).rstrip(' ' + INSIDE)}"
+    if d.inside_noise is None:
+        return f"{head}, seed noise unknown (fewer than 2 seeds on a side)"
+    if d.inside_noise:
+        return f"{head}, inside seed noise (|Δ| ≤ 2·{d.se:.{col.digits}f})"
+    better = (d.delta < 0) if col.lower_is_better else (d.delta > 0)
+    return (f"{head}, outside seed noise (|Δ| > 2·{d.se:.{col.digits}f}): {variant} "
+            f"{'better' if better else 'worse'}")
+
+
+def _paper_cell(row: dict, col, delta: bool) -> str:
+    v = row.get(f"{col.key}_delta" if delta else col.key)
+    if v is None:
+        return "—" if delta else NOT_REPORTED
+    return f"{v:+.{col.digits}f}" if delta else f"{v:.{col.digits}f}"
+
+
+def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    heads = [c.title + (" ↓" if c.lower_is_better else "") for c in t.columns]
+    sep = "|---|" + "---|" * len(t.columns)
+    # the papers' rows that report at least one of these columns
+    papers = [p for p in paper_table() if any(p.get(c.key) is not None for c in t.columns)]
+    L = [f"# tokenmix study `{spec.name}`", "",
+         f"Generated {now} by `{command}`: variants {', '.join(spec.variants)}; seeds "
+         f"{', '.join(map(str, spec.seeds))}; preset `{spec.preset}`; data `{spec.data}`; tasks "
+         f"{', '.join(spec.tasks)}. State and runs: `{spec.root}`.", "",
+         "Each cell: mean ± sample standard deviation over seeds (n = seeds measured). Δ = mean − mean of "
+         f"`{t.baseline or 'no baseline'}`, ± its standard error se_Δ = sqrt(se_a² + se_b²) with se = std/sqrt(n); "
+         f"{INSIDE} = inside seed noise, i.e. |Δ| ≤ 2·se_Δ. ↓ = lower is better. "
+         f"'{NOT_RUN}' = no finished cell; '{NOT_REPORTED}' = the paper gives no number."]
+    if _is_demo(spec.data):
+        L += ["", "Measured on the generated demo data (columns are the demo analogues: demo ImageFolder for "
+              "ImageNet, demo VOC scenes for VOC/PiB/CorLoc, demo NYU rooms for NYUv2): never compare them with "
+              "the paper rows, which are there for reference only."]
+    L += ["", "## Mean ± std over seeds", "", "| variant | " + " | ".join(heads) + " |", sep]
+    for v in t.variants:
+        L.append(f"| {v} | " + " | ".join(fmt_summary(t.summaries.get((v, c.key)), c.digits) for c in t.columns)
+                 + " |")
+    for p in papers:
+        L.append(f"| *{p['row']}* | " + " | ".join(_paper_cell(p, c, False) for c in t.columns) + " |")
+    L += ["", f"## Difference to {t.baseline} (Δ ± se_Δ; {INSIDE} = inside seed noise)", "",
+          "| variant | " + " | ".join(heads) + " |", sep]
+    for v in t.variants:
+        if v != t.baseline:
+            L.append(f"| {v} | " + " | ".join(fmt_diff(t.diffs.get((v, c.key)), c.digits) for c in t.columns) + " |")
+    for p in papers:
+        L.append(f"| *{p['row']}* (vs its own baseline) | " + " | ".join(_paper_cell(p, c, True)
+                                                                          for c in t.columns) + " |")
+    if not papers:
+        L += ["", "The papers report none of these columns (reference rows: `make report`)."]
+    L += [""] + [f"- {n}" for n in PAPER_NOTES] + ["", "## Verdicts", ""]
+    for c in t.columns:
+        lines = [verdict(v, t.baseline, c, t.diffs[(v, c.key)]) for v in t.variants if (v, c.key) in t.diffs]
+        if lines:
+            L.append(f"**{c.title}**{' (lower is better)' if c.lower_is_better else ''}")
+            L += [f"- {x}" for x in lines] + [""]
+    L += ["## Per-seed values", "", "| variant | seed | " + " | ".join(heads) + " |", "|---|---|" +
+          "---|" * len(t.columns)]
+    for v in t.variants:
+        for s in spec.seeds:
+            vals = [next((f"{x:.{c.digits}f}" for sd, x, _ in t.values.get((v, c.key), []) if sd == s), NOT_RUN)
+                    for c in t.columns]
+            L.append(f"| {v} | {s} | " + " | ".join(vals) + " |")
+    L += cost_lines(t)
+    if plots:
+        L += ["", "## Plots", "", "Per-variant points: one per seed; bar = mean ± std.", ""]
+        L += [f"![{p}]({p})" for p in plots]
+    L += ["", "## Cells", "", "Finished cells, their run folders (TensorBoard logs) and the checkpoint sha256 "
+          "(first 12 hex digits).", ""]
+    L += [f"- `{cid}`: `{_rel(rd)}` (checkpoint {sha[:12]})" for cid, rd, sha in t.cells]
+    return "\n".join(L) + "\n"
+
+
+def cost_lines(t: Table) -> list[str]:
+    """Mean wall and CPU (user + system, the cell's own processes) seconds per cell kind, from the markers."""
+    if not t.cost:
+        return []
+    L = ["", "## Cost per cell", "", "Wall time depends on what else runs on the machine; CPU time much less.", "",
+         "| cell | finished | mean wall (s) | mean CPU (s) |", "|---|---|---|---|"]
+    for kind, xs in t.cost.items():
+        wall = [w for w, _ in xs if w]
+        cpu = [c for _, c in xs if c is not None]
+        L.append(f"| {kind} | {len(xs)} | {sum(wall) / len(wall):.0f} |" if wall else f"| {kind} | {len(xs)} | — |")
+        L[-1] += f" {sum(cpu) / len(cpu):.0f} |" if cpu else " — |"
+    return L
+
+
+def _rel(p: str) -> str:
+    try:
+        return str(Path(p).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return p
+
+
+def write_csv(spec: Spec, t: Table, path: Path) -> None:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["kind", "variant", "column", "title", "n", "mean", "std", "se", "delta_vs_baseline", "delta_se",
+                "inside_noise", "values_by_seed"])
+    for c in t.columns:
+        for v in t.variants:
+            s, d = t.summaries.get((v, c.key)), t.diffs.get((v, c.key))
+            if s is None:
+                w.writerow(["measured", v, c.key, c.title, 0, NOT_RUN, "", "", "", "", "", ""])
+                continue
+            g = lambda x: "" if x is None else f"{x:.6g}"  # noqa: E731
+            w.writerow(["measured", v, c.key, c.title, s.n, g(s.mean), g(s.std), g(s.se),
+                        g(d.delta if d else None), g(d.se if d else None),
+                        "" if d is None or d.inside_noise is None else str(d.inside_noise).lower(),
+                        " ".join(f"{sd}:{x:.6g}" for sd, x, _ in sorted(t.values[(v, c.key)]))])
+        for p in paper_table():
+            if p.get(c.key) is not None:
+                dl = p.get(f"{c.key}_delta")
+                w.writerow(["paper", p["row"], c.key, c.title, "", f"{p[c.key]:.6g}", "", "",
+                            "" if dl is None else f"{dl:.6g}", "", "", ""])
+    with atomic_write(path, "w") as f:
+        f.write(buf.getvalue())
+
+
+def plot_column(t: Table, col, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(t.variants), 3.2))
+    for i, v in enumerate(t.variants):
+        pts = t.values.get((v, col.key), [])
+        n = max(len(pts), 1)
+        for j, (seed, x, _) in enumerate(sorted(pts)):
+            ax.plot(i + 0.12 * (j - (n - 1) / 2), x, "o", color=f"C{i}", alpha=0.8, ms=5)
+        s = t.summaries.get((v, col.key))
+        if s is not None:
+            ax.errorbar(i + 0.3, s.mean, yerr=s.std or 0, fmt="_", color="k", ms=12, capsize=4)
+    ax.set_xticks(range(len(t.variants)), t.variants, rotation=20, fontsize=8)
+    ax.set_ylabel(col.title + (" ↓" if col.lower_is_better else ""), fontsize=8)
+    ax.set_title(col.title, fontsize=9)
+    ax.set_xlabel("dots: one per seed; bar: mean ± std", fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    with atomic_write(path, "wb") as f:
+        f.write(buf.getvalue())
+
+
+def write_report(spec: Spec, t: Table, out: Path, command: str = "python -m study") -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    plots = []
+    for c in t.columns:
+        if any((v, c.key) in t.values for v in t.variants):
+            plot_column(t, c, out / f"study_{c.key}.png")
+            plots.append(f"study_{c.key}.png")
+    write_csv(spec, t, out / "study.csv")
+    with atomic_write(out / "study.md", "w") as f:
+        f.write(markdown(spec, t, plots, command))
+    return out / "study.md"

@@ -1,0 +1,53 @@
+"""`python -m study` end to end with the real command lines: tiny pretraining (2 seeds, a few steps) and the
+k-NN probe on a small generated demo set; a second invocation runs nothing; the report holds the mean ± std of
+the probes' own results.json values. Needs the full demo data for pretraining (data/demo, generated on first use,
+as the pretraining tests do)."""
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from datamodules.demo import DemoSpec, ensure_demo_data
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_study_runs_resumes_and_reports(tmp_path):
+    small = ensure_demo_data(tmp_path / "demo", spec=DemoSpec(cls_train=4, cls_val=2, voc_train=2, voc_val=2,
+                                                                nyu_train=2, nyu_test=2))
+    argv = [sys.executable, "-m", "study", "--name", "e2e", "--root", str(tmp_path / "study"),
+            "--out", str(tmp_path / "reports"), "--variants", "softmax", "--seeds", "2", "--tasks", "knn",
+            "--preset", "tiny", "--pretrain-args=--trainer.enable_progress_bar=false",
+            "--task-data", f"knn=demo:{small}", "--probe-args=--knn-k 2,20", "--no-tensorboard"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "pretraining 2/2, evaluations 2/2" in first.stderr
+
+    # the seeds reached the pretraining: two different checkpoints, each probed
+    results = sorted((tmp_path / "study").glob("seed*/softmax/probe/knn/version_*/results.json"))
+    assert len(results) == 2
+    payloads = [json.loads(p.read_text()) for p in results]
+    shas = {p["backbone"]["checkpoint_sha256"] for p in payloads}
+    assert len(shas) == 2
+    cks = sorted((tmp_path / "study").glob("seed*/softmax/pretrain/tiny/study-*/checkpoints/last.ckpt"))
+    assert len(cks) == 2
+
+    second = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "done 4/4 cells; to run: 0 pretraining, 0 evaluations" in second.stdout
+    assert "running" not in second.stderr
+    assert sorted((tmp_path / "study").glob("seed*/softmax/probe/knn/version_*/results.json")) == results
+
+    vals = [p["metrics"]["top1"]["20"] for p in payloads]
+    md = (tmp_path / "reports" / "study.md").read_text()
+    cell = f"{statistics.mean(vals):.2f} ± {statistics.stdev(vals):.2f} (n=2)"
+    assert f"| softmax | {cell} |" in md
+    for seed, p in enumerate(payloads):
+        assert f"| softmax | {seed} | {p['metrics']['top1']['20']:.2f} |" in md

@@ -1,0 +1,200 @@
+"""The study's planner, resume logic, report and TensorBoard run with the subprocesses replaced by a fake that
+writes what each CLI writes (checkpoint layout of the pretraining CLI, results.json of probes and analyses in
+their own schemas). Numbers are chosen so the report's statistics can be worked out by hand."""
+import csv
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+import study.local
+from study.__main__ import main
+
+# k-NN top-1 / mIoU / PiB each variant's seed yields (independent of the code under test)
+KNN = {("softmax", 0): 80.0, ("softmax", 1): 82.0, ("entmax", 0): 85.0, ("entmax", 1): 89.0}
+VOC = {("softmax", 0): 30.0, ("softmax", 1): 30.0, ("entmax", 0): 31.0, ("entmax", 1): 31.0}
+PIB = {("softmax", 0): 40.0, ("softmax", 1): 50.0, ("entmax", 0): 45.0, ("entmax", 1): 47.0}
+
+
+def _flag(cmd, name):
+    for i, a in enumerate(cmd):
+        if a == name:
+            return cmd[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _next_version(folder: Path) -> Path:
+    n = len(list(folder.glob("version_*"))) if folder.is_dir() else 0
+    (folder / f"version_{n}").mkdir(parents=True)
+    return folder / f"version_{n}"
+
+
+class FakeCLIs:
+    """Stands in for subprocess.Popen; ``fail`` = cell prefixes whose pretraining exits 1 (once)."""
+
+    def __init__(self, fail=()):
+        self.calls, self.fail = [], set(fail)
+
+    def __call__(self, cmd, stdout=None, stderr=None, cwd=None, env=None):
+        self.calls.append(list(cmd))
+        module, variant, seed = cmd[2], _flag(cmd, "--variant"), None
+        rc = 0
+        if module == "lightning_modules.pretrain":
+            seed = int(_flag(cmd, "--seed_everything"))
+            # the pretraining CLI's layout: <runs-dir>/<variant>/pretrain/<preset>/<logger version>/checkpoints/
+            ck = (Path(_flag(cmd, "--runs-dir")) / variant / "pretrain" / _flag(cmd, "--preset")
+                  / _flag(cmd, "--trainer.logger.version") / "checkpoints" / "last.ckpt")
+            ck.parent.mkdir(parents=True, exist_ok=True)
+            ck.write_bytes(f"{variant}/{seed}/{'resumed' if '--resume' in cmd else 'fresh'}".encode())
+            if (variant, seed) in self.fail:
+                self.fail.discard((variant, seed))
+                rc = 1
+        else:
+            ckpt = Path(_flag(cmd, "--ckpt"))
+            sha = hashlib.sha256(ckpt.read_bytes()).hexdigest()
+            variant, seed = ckpt.read_bytes().decode().split("/")[:2]
+            key, task = (variant, int(seed)), _flag(cmd, "--task")
+            if module == "probes.run":
+                out = _next_version(Path(_flag(cmd, "--runs-dir")) / variant / "probe" / task)
+                metrics = {"top1": {"10": 0.0, "20": KNN[key]}} if task == "knn" else {"mIoU": VOC[key]}
+                body = {"task": task, "metrics": metrics, "backbone": {"checkpoint_sha256": sha},
+                        "config": {"data": "demo_cls", "seed": int(_flag(cmd, "--seed"))}}
+            else:  # analysis.run: no --runs-dir, it writes under $TOKENMIX_RUNS, top-level ckpt_sha256 + data
+                out = _next_version(Path(env["TOKENMIX_RUNS"]) / variant / "analysis" / task)
+                body = {"task": task, "variant": variant, "ckpt_sha256": sha, "data": "demo",
+                        "metrics": {"pib": PIB[key], "n_images": 100}}
+            (out / "results.json").write_text(json.dumps(body))
+        self.returncode = rc
+        return self
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self):
+        return self.returncode
+
+    def terminate(self):
+        pass
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    f = FakeCLIs()
+    monkeypatch.setattr(study.local.subprocess, "Popen", f)
+    monkeypatch.setattr(study.local.time, "sleep", lambda s: None)
+    return f
+
+
+def _argv(tmp_path, name="s", *extra):
+    return ["--name", name, "--root", str(tmp_path / name), "--out", str(tmp_path / f"report_{name}"),
+            "--variants", "softmax entmax", "--seeds", "2", "--tasks", "knn voc pib", "--preset", "tiny", *extra]
+
+
+def _modules(calls):
+    return sorted(c[2] for c in calls)
+
+
+def test_runs_everything_once_then_reuses_and_reports(tmp_path, fake, capsys):
+    assert main(_argv(tmp_path)) == 0
+    assert _modules(fake.calls) == ["analysis.run"] * 4 + ["lightning_modules.pretrain"] * 4 + ["probes.run"] * 8
+    # every pretraining ran before any evaluation, with the seed in both seed flags
+    kinds = [c[2] == "lightning_modules.pretrain" for c in fake.calls]
+    assert kinds == [True] * 4 + [False] * 12
+    seeds = sorted((_flag(c, "--variant"), _flag(c, "--seed_everything"), _flag(c, "--data.seed"))
+                   for c in fake.calls[:4])
+    assert seeds == [("entmax", "0", "0"), ("entmax", "1", "1"), ("softmax", "0", "0"), ("softmax", "1", "1")]
+    err = capsys.readouterr().err
+    assert "pretraining 4/4, evaluations 12/12" in err and "ETA" in err
+
+    fake.calls.clear()
+    assert main(_argv(tmp_path)) == 0  # nothing new to run
+    assert fake.calls == []
+    out = capsys.readouterr().out
+    assert "done 16/16 cells; to run: 0 pretraining, 0 evaluations" in out
+
+    md = (tmp_path / "report_s" / "study.md").read_text()
+    # softmax k-NN 80, 82: mean 81, std sqrt(2) = 1.41, se 1; entmax 85, 89: mean 87, std 2.83, se 2
+    # delta 6, se_delta sqrt(1 + 4) = 2.24, 2 se = 4.47 < 6 -> outside
+    assert "| softmax | 81.00 ± 1.41 (n=2) |" in md
+    assert "| entmax | 87.00 ± 2.83 (n=2) |" in md
+    assert "entmax vs softmax: +6.00 ± 2.24, outside seed noise (|Δ| > 2·2.24): entmax better" in md
+    # PiB: softmax 40, 50 (mean 45, se 5); entmax 45, 47 (mean 46, se 1): delta 1, se sqrt(26) = 5.10 -> inside
+    assert "45.00 ± 7.07 (n=2)" in md and "+1.00 ± 5.10 ≈" in md
+    assert "entmax vs softmax: +1.00 ± 5.10, inside seed noise" in md
+    # VOC: both variants constant over seeds (std 0): delta 1 with se 0 -> outside
+    assert "entmax vs softmax: +1.00 ± 0.00, outside seed noise" in md
+    # the papers' rows (analysis.report's reference table) and the per-seed values
+    assert "*paper: Entmax-1.5 (entmax paper, DINO ViT-S/16 200 ep)* | not reported | 48.78 |" in md
+    assert "| entmax | 1 | 89.00 | 31.00 | 47.00 |" in md
+    with open(tmp_path / "report_s" / "study.csv") as f:
+        rows = {(r["kind"], r["variant"], r["column"]): r for r in csv.DictReader(f)}
+    r = rows[("measured", "entmax", "imagenet_knn")]
+    assert (r["n"], r["mean"], r["delta_vs_baseline"], r["inside_noise"], r["values_by_seed"]) == \
+        ("2", "87", "6", "false", "0:85 1:89")
+    assert rows[("paper", "paper: CLS baseline (entmax paper, DINO ViT-S/16 200 ep)", "voc_miou")]["mean"] == "42.8"
+    assert (tmp_path / "report_s" / "study_imagenet_knn.png").stat().st_size > 1000
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(tmp_path / "s" / "tensorboard"))
+    acc.Reload()
+    tags = acc.Tags()
+    assert "imagenet_knn/mean/entmax" in tags["scalars"] and "progress/evaluations_done" in tags["scalars"]
+    assert [e.value for e in acc.Scalars("imagenet_knn/seeds/entmax")] == [85.0, 89.0]
+    assert any("study/cells" in t for t in tags["tensors"])
+
+
+def test_changed_marker_config_and_checkpoint_rerun_only_what_changed(tmp_path, fake):
+    assert main(_argv(tmp_path)) == 0
+    root = tmp_path / "s"
+    [marker] = (root / "done" / "knn.entmax.seed1").glob("*.json")
+    marker.unlink()
+    fake.calls.clear()
+    assert main(_argv(tmp_path)) == 0
+    assert [(c[2], _flag(c, "--task"), _flag(c, "--variant")) for c in fake.calls] == \
+        [("probes.run", "knn", "entmax")]
+    # other probe flags: new probe cells, pretraining and analyses reused
+    fake.calls.clear()
+    assert main(_argv(tmp_path, "s", "--probe-args=--knn-k 20")) == 0
+    assert _modules(fake.calls) == ["probes.run"] * 8
+    fake.calls.clear()
+    assert main(_argv(tmp_path)) == 0  # back to the first flags: their cells are still finished
+    assert fake.calls == []
+    # a checkpoint that changed on disk: that pretraining and its evaluations run again
+    ck = next(root.glob("seed0/softmax/pretrain/tiny/study-*/checkpoints/last.ckpt"))
+    ck.write_bytes(b"softmax/0/tampered")
+    fake.calls.clear()
+    assert main(_argv(tmp_path)) == 0
+    assert sorted((c[2], _flag(c, "--variant"), _flag(c, "--seed_everything") or _flag(c, "--seed"))
+                  for c in fake.calls if c[2] != "analysis.run") == [
+        ("lightning_modules.pretrain", "softmax", "0"), ("probes.run", "softmax", "0"), ("probes.run", "softmax", "0")]
+    assert "--resume" in fake.calls[0]
+
+
+def test_half_finished_study_resumes(tmp_path, fake, capsys):
+    fake.fail = {("entmax", 1)}
+    assert main(_argv(tmp_path)) == 1  # one pretraining failed: its evaluations are skipped, the rest ran
+    assert len(fake.calls) == 4 + 9
+    assert "not finished: knn.entmax.seed1: skipped: pretrain.entmax.seed1 did not finish" in capsys.readouterr().err
+    fake.calls.clear()
+    assert main(_argv(tmp_path, "s", "--dry-run")) == 0
+    out = capsys.readouterr().out
+    assert "to resume      pretrain.entmax.seed1" in out and "--resume" in out
+    assert "done (reused)  knn.entmax.seed0" in out and "done 12/16 cells" in out
+    assert fake.calls == []  # a dry run runs nothing
+    assert main(_argv(tmp_path)) == 0
+    assert [c[2] for c in fake.calls] == ["lightning_modules.pretrain", "probes.run", "probes.run", "analysis.run"]
+    assert _flag(fake.calls[0], "--resume").endswith("checkpoints/last.ckpt")
+
+
+def test_bad_input_fails_fast_with_the_valid_names(tmp_path, capsys):
+    assert main(_argv(tmp_path, "s", "--variants", "softmax bogus")) == 2
+    assert "unknown variant 'bogus'" in capsys.readouterr().err
+    assert main(_argv(tmp_path, "s", "--tasks", "knn nope")) == 2
+    err = capsys.readouterr().err
+    assert "unknown task 'nope'" in err and "corloc" in err and "nyuv2" in err
+    assert main(_argv(tmp_path, "s", "--seeds", "x")) == 2
+    assert main(_argv(tmp_path, "s", "--preset", "nosuch")) == 2
+    assert "unknown preset 'nosuch'" in capsys.readouterr().err
