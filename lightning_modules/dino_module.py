@@ -226,7 +226,8 @@ class DINOPretrainModule(pl.LightningModule):
         step = int(self._nonfinite)
         ckpt = getattr(self.trainer.checkpoint_callback, "last_model_path", "") or "none saved yet"
         raise NonFiniteLossError(
-            f"loss is {float(self._last_loss)} (first non-finite at step {step}, now step {self._it}, epoch "
+            f"loss is {float(self._last_loss)} at step {step}"
+            f"{'' if step == self._it else f' (first non-finite; seen at step {self._it})'} (epoch "
             f"{self.current_epoch}); training stopped. Last good checkpoint: {ckpt}. Resume from it (RESUME=<path>) "
             "with a lower lr, trainer.precision=32-true or a larger warm-up.")
 
