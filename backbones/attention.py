@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from timm.models.vision_transformer import Attention
 
+from .compile_ops import sparse_attention_op
 from .entmax_fast import DEFAULT_BACKEND, sparse_attention
 from .normalizers import Normalizer, build_normalizer
 
@@ -69,7 +70,9 @@ class TokenMixAttention(Attention):
         elif fused_kind is not None and plain and _triton_kernel(q) is not None:
             x = _triton_kernel(q).sparse_attention(q, k, v, self.scale, fused_kind)
         elif fused_kind is not None and plain and not torch.is_autocast_enabled(q.device.type):
-            x = sparse_attention(q, k, v, self.scale, fused_kind, backend=self.entmax_backend).to(v.dtype)
+            # under torch.compile the C++ kernel runs as an opaque custom op (no graph break); eager: directly
+            fn = sparse_attention_op if torch.compiler.is_compiling() else sparse_attention
+            x = fn(q, k, v, self.scale, fused_kind, backend=self.entmax_backend).to(v.dtype)
         else:
             attn = (q * self.scale) @ k.transpose(-2, -1)
             if attn_mask is not None:

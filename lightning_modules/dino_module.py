@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from backbones import create_vit, parse_variant
 from lightning_modules.dino_head import DINOHead, MultiCropWrapper
 from lightning_modules.dino_loss import DINOLoss
-from lightning_modules.compile_ops import use_compiled_sparse_attention
 from lightning_modules.fast_ops import clip_grad_norms_, ema_
 from lightning_modules.schedules import cancel_gradients_last_layer, cosine_scheduler, get_params_groups
 
@@ -95,7 +94,6 @@ class DINOPretrainModule(pl.LightningModule):
         # last-layer parameters the optimizer trains once unfrozen (weight_g stays fixed with norm_last_layer)
         self._last_layer = [p for n, p in self.student.named_parameters() if "last_layer" in n and p.requires_grad]
         if compile:
-            use_compiled_sparse_attention()  # the C++ entmax kernel as an opaque op: no graph breaks
             for m in (self.student.backbone, self.student.head, self.teacher.backbone, self.teacher.head):
                 m.compile(dynamic=False)  # in place: state-dict keys unchanged; one graph per crop size
         self.ncrops = 2 + n_local_crops

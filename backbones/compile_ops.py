@@ -7,14 +7,14 @@ ops (``tokenmix::sparse_attn_fwd`` / ``tokenmix::sparse_attn_bwd``) with shape-o
 compiler keeps one graph around them and calls the kernel as it is. Same functions, same values.
 
     >>> import torch
-    >>> from lightning_modules.compile_ops import sparse_attention_op
+    >>> from backbones.compile_ops import sparse_attention_op
     >>> q = k = v = torch.randn(1, 2, 5, 4)
     >>> out = sparse_attention_op(q, k, v, 0.5, "entmax15")   # = entmax_fast.sparse_attention(...)
     >>> tuple(out.shape)
     (1, 2, 5, 4)
 
-``use_compiled_sparse_attention()`` routes ``backbones.attention`` through the op (called once by
-``DINOPretrainModule(compile=True)``).
+``backbones.attention`` calls the op instead of ``entmax_fast.sparse_attention`` while ``torch.compile`` traces
+(``torch.compiler.is_compiling()``), so eager code never goes through it and nothing global is switched.
 """
 from __future__ import annotations
 
@@ -31,16 +31,16 @@ def _dtype(q: Tensor) -> torch.dtype:
 
 
 @torch.library.custom_op("tokenmix::sparse_attn_fwd", mutates_args=())
-def _fwd(q: Tensor, k: Tensor, v: Tensor, scale: float, entmax15: bool) -> tuple[Tensor, Tensor]:
+def _fwd(q: Tensor, k: Tensor, v: Tensor, scale: float, entmax15: bool, backend: str) -> tuple[Tensor, Tensor]:
     with torch.autocast(device_type=q.device.type, enabled=False):
         s = ef._logits(q, k, scale)
         s2 = s.view(-1, s.shape[-1])
-        mt = ef._row_stats(s2, entmax15, ef._use_cpp(s2))
+        mt = ef._row_stats(s2, entmax15, ef._use_cpp(s2, backend))
         return torch.matmul(s, v.to(s.dtype)), mt
 
 
 @_fwd.register_fake
-def _(q, k, v, scale, entmax15):
+def _(q, k, v, scale, entmax15, backend):
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     rows = q.shape[-2]
     for b in batch:
@@ -51,49 +51,43 @@ def _(q, k, v, scale, entmax15):
 
 @torch.library.custom_op("tokenmix::sparse_attn_bwd", mutates_args=())
 def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, mt: Tensor, scale: float,
-         entmax15: bool) -> tuple[Tensor, Tensor, Tensor]:
-    cpp = ef._use_cpp(mt.new_empty(0, 0))  # same choice as the forward (device and dtype decide it)
+         entmax15: bool, backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    cpp = ef._use_cpp(mt.new_empty(0, 0), backend)  # same choice as the forward (device and dtype decide it)
     ctx = SimpleNamespace(saved_tensors=(q, k, v, mt), scale=scale, entmax15=entmax15, cpp=cpp)
     with torch.autocast(device_type=dout.device.type, enabled=False):
-        dq, dk, dv, _, _ = ef._SparseAttentionFn._backward(ctx, dout)
+        dq, dk, dv = ef._SparseAttentionFn._backward(ctx, dout)[:3]
     return dq, dk, dv
 
 
 @_bwd.register_fake
-def _(dout, q, k, v, mt, scale, entmax15):
+def _(dout, q, k, v, mt, scale, entmax15, backend):
     # the real gradients come from matmuls: contiguous, whatever the inputs' strides
     return (q.new_empty(q.shape, dtype=q.dtype), k.new_empty(k.shape, dtype=k.dtype),
             v.new_empty(v.shape, dtype=v.dtype))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, scale, entmax15 = inputs
+    q, k, v, scale, entmax15, backend = inputs
     ctx.save_for_backward(q, k, v, output[1])
-    ctx.scale, ctx.entmax15 = scale, entmax15
+    ctx.scale, ctx.entmax15, ctx.backend = scale, entmax15, backend
 
 
 def _backward(ctx, dout, _dmt):
     q, k, v, mt = ctx.saved_tensors
-    dq, dk, dv = _bwd(dout, q, k, v, mt, ctx.scale, ctx.entmax15)
-    return dq, dk, dv, None, None
+    dq, dk, dv = _bwd(dout, q, k, v, mt, ctx.scale, ctx.entmax15, ctx.backend)
+    return dq, dk, dv, None, None, None
 
 
 _fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def sparse_attention_op(q: Tensor, k: Tensor, v: Tensor, scale: float, kind: str = "entmax15") -> Tensor:
+def sparse_attention_op(q: Tensor, k: Tensor, v: Tensor, scale: float, kind: str = "entmax15",
+                        backend: str = ef.DEFAULT_BACKEND) -> Tensor:
     """``entmax_fast.sparse_attention`` through the custom ops (same arguments, checks and values)."""
     if kind not in ("entmax15", "sparsemax"):
         raise ValueError(f"sparse_attention kind must be 'entmax15' or 'sparsemax', got '{kind}'")
     if q.dim() < 2 or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(f"sparse_attention expects q (..., N, d), k (..., M, d), v (..., M, dv); got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    return _fwd(q, k, v, float(scale), kind == "entmax15")[0]
-
-
-def use_compiled_sparse_attention() -> None:
-    """Route the ViT attention layers' fused sparse attention through the custom op (process-wide; same values,
-    so eager modules are unaffected apart from the dispatch). Deviation from "one home": backbones/attention.py
-    imports ``sparse_attention`` by name, so its module global is replaced here."""
-    import backbones.attention as attention
-    attention.sparse_attention = sparse_attention_op
+    ef._check_backend(backend)
+    return _fwd(q, k, v, float(scale), kind == "entmax15", backend)[0]
