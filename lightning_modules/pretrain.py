@@ -173,21 +173,26 @@ def scale_line(cli: LightningCLI) -> str:
             f"{ratio}, lr {lr:.3g} (base {hp.lr:g} x {total}/256), precision {trainer.precision}")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    known, rest = _pre_parser().parse_known_args(argv)
+def parse_common(argv: Optional[list[str]], doc: str) -> tuple[argparse.Namespace, list[str], str]:
+    """The flags every training CLI shares (DINO, supervised): -> (known, LightningCLI rest, variant name).
+    Raises ValueError for an unknown variant or a real dataset without DATA_ROOT: fail before building a ViT."""
+    known, rest = _pre_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
     if known.help:
-        print(__doc__)
+        print(doc)
         rest = rest + ["--help"]
+    variant = parse_variant(known.variant).name
+    if known.data != "demo" and not known.data_root:
+        raise ValueError(f"DATA={known.data} needs DATA_ROOT=<folder holding the dataset> (for imagenet: the "
+                         "ImageFolder root with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG). Use DATA=demo for the "
+                         "built-in demo data.")
+    return known, rest, variant
+
+
+def main(argv: Optional[list[str]] = None) -> int:
     try:
-        variant = parse_variant(known.variant).name
+        known, rest, variant = parse_common(argv, __doc__)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    if known.data != "demo" and not known.data_root:  # fail before building a ViT-S
-        print(f"error: DATA={known.data} needs DATA_ROOT=<folder holding the dataset> (for imagenet: the ImageFolder "
-              "root with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG). Use DATA=demo for the built-in demo data.",
-              file=sys.stderr)
         return 2
     preset = known.preset or ("demo" if known.data == "demo" else "paper")
     if preset not in PRESETS and not Path(preset).is_file():

@@ -19,13 +19,12 @@ import torch
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.utilities import rank_zero_info
 
-from backbones import parse_variant
 from datamodules.errors import DatasetError
 from datamodules.supervised import SupervisedDataModule
 from lightning_modules.checkpoint_io import AtomicCheckpointIO
 from lightning_modules.dino_module import NonFiniteLossError
-from lightning_modules.pretrain import (CONFIGS, PretrainCLI, _pre_parser, build_args, early_checks,
-                                         nodes_from_cluster, resolve_resume)
+from lightning_modules.pretrain import (CONFIGS, PretrainCLI, build_args, early_checks, nodes_from_cluster,
+                                         parse_common, resolve_resume)
 from lightning_modules.supervised_module import SupervisedModule, validate_supervised_checkpoint
 from tokenmix import paths
 from tokenmix.io import CheckpointError
@@ -65,18 +64,10 @@ def _fail(msg: str) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    known, rest = _pre_parser().parse_known_args(argv)
-    if known.help:
-        print(__doc__)
-        rest = rest + ["--help"]
     try:
-        variant = parse_variant(known.variant).name
+        known, rest, variant = parse_common(argv, __doc__)
     except ValueError as e:
         return _fail(str(e))
-    if known.data != "demo" and not known.data_root:  # fail before building a ViT-B
-        return _fail(f"DATA={known.data} needs DATA_ROOT=<folder holding the dataset> (for imagenet: the ImageFolder "
-                     "root with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG). Use DATA=demo for the built-in demo data.")
     preset = known.preset or ("supervised_demo" if known.data == "demo" else "supervised_paper")
     preset_file = CONFIGS / "pretrain" / f"{preset}.yaml" if preset in PRESETS else Path(preset)
     if not preset_file.is_file():
