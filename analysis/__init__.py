@@ -2,5 +2,5 @@
 LOST-style object discovery (CorLoc), and the cross-variant comparison report.
 
 Submodules are independent and import nothing heavy at package import time. PCA maps and attention statistics
-live in ``tokenmix/`` (pretraining uses them too); ``analysis.pca`` / ``analysis.attention_stats`` re-export them.
+live in ``tokenmix/`` (``tokenmix.pca``, ``tokenmix.attention_stats``), the layer pretraining imports too.
 """

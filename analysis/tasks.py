@@ -8,12 +8,12 @@ from typing import Iterable
 import torch
 
 from . import figures
-from .attention_stats import attention_stats, cls_attention_maps
+from tokenmix.attention_stats import attention_stats, cls_attention_maps
 from .boxes import boxes_to_patch_mask
 from .data import Sample, crop_boxes, eval_crop, full_res
 from .lost import corloc_hit, last_block_keys, lost
 from .norms import norm_stats
-from .pca import pca_fit, pca_rgb
+from tokenmix.pca import pca_fit, pca_rgb
 from .patch_score import patch_scores, pib_hits, single_small_object
 
 TASKS = ("pib", "pca", "norms", "attention", "corloc")

@@ -202,13 +202,14 @@ class RunSummary(pl.Callback):
         self.first = list(state_dict.get("first", []))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        loss = pl_module.last_stats.get("train/loss")
+        stats = pl_module.last_stats  # one read: each reads the loss back from the device
+        loss = stats.get("train/loss")
         if loss is None:
             return
         if len(self.first) < self.window:
             self.first.append(loss)
         self.last = (self.last + [loss])[-self.window:]
-        self.last_stats = dict(pl_module.last_stats)
+        self.last_stats = dict(stats)
 
     def collapse_verdict(self) -> tuple[bool, str]:
         ent = self.last_stats.get("collapse/teacher_entropy_frac")

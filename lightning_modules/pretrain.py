@@ -229,7 +229,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     finally:
         sys.argv = saved_argv
-    trainer = cli.trainer
     try:
         check_launch(cli)
     except (LaunchError, DatasetError) as e:
@@ -237,10 +236,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     if global_rank() == 0:  # the processes Lightning starts run this too
         print(scale_line(cli), flush=True)
+    return fit(cli, resume_path)
+
+
+def fit(cli: LightningCLI, resume_path: Optional[str]) -> int:
+    """``trainer.fit`` for every training CLI: exit 0, or 1 with the reason on a non-finite loss, an incompatible
+    checkpoint or bad data met during training."""
     if resume_path:
         rank_zero_info(f"resuming from {resume_path}")
     try:
-        trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=resume_path)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=resume_path)
     except (NonFiniteLossError, CheckpointError, DatasetError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

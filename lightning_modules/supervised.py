@@ -17,13 +17,11 @@ from typing import Any, Optional
 
 import torch
 from lightning.pytorch.cli import LightningArgumentParser
-from lightning.pytorch.utilities import rank_zero_info
 
 from datamodules.errors import DatasetError
 from datamodules.supervised import SupervisedDataModule
 from lightning_modules.checkpoint_io import AtomicCheckpointIO
-from lightning_modules.dino_module import NonFiniteLossError
-from lightning_modules.pretrain import (CONFIGS, PretrainCLI, build_args, early_checks, nodes_from_cluster,
+from lightning_modules.pretrain import (CONFIGS, PretrainCLI, build_args, early_checks, fit, nodes_from_cluster,
                                          parse_common, resolve_resume)
 from lightning_modules.supervised_module import SupervisedModule, validate_supervised_checkpoint
 from tokenmix import paths
@@ -109,14 +107,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                          f"pass --model.num_classes={have}")
     except (LaunchError, DatasetError) as e:
         return _fail(str(e))
-    if resume_path:
-        rank_zero_info(f"resuming from {resume_path}")
-    try:
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=resume_path)
-    except (NonFiniteLossError, CheckpointError, DatasetError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return fit(cli, resume_path)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from tokenmix.launch import (LaunchError, cluster_num_nodes, count_devices, ddp_
 from .backbone import BackboneInfo, resolve_backbone
 from .data import ProbeDataset, build_split, collate, resolve_data
 from .features import FeatureSpec, FrozenFeatures, extraction_module
-from .knn import DEFAULT_KS, knn_top1_topk
+from tokenmix.knn import DEFAULT_KS, knn_top1_topk
 from .results import write_results
 from .tasks import TASKS, TaskSpec, get_task
 
