@@ -1,6 +1,7 @@
 """Where an analysis writes: ``runs/<variant>/analysis/<task>/version_N/`` with PNG figures, ``results.json`` and
 TensorBoard event files (the same figures as images, headline numbers as scalars), all in one folder so
-``make tensorboard`` (``--logdir runs``) shows them next to the pretraining and probe runs."""
+``make tensorboard`` (``--logdir runs``) shows them next to the pretraining and probe runs. results.json follows
+the one schema of ``tokenmix.results``; the PNG file names are listed under ``metrics["figures"]``."""
 from __future__ import annotations
 
 import io
@@ -11,30 +12,18 @@ from typing import Any
 import numpy as np
 
 from tokenmix import paths
-from tokenmix.io import atomic_json_dump, atomic_write
+from tokenmix.io import atomic_write
+from tokenmix.results import write_results
 
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+=-]", "_", name)
 
 
-def new_version_dir(base: Path) -> Path:
-    """Next free ``version_N`` under ``base``; created with exist_ok=False so two concurrent runs never share one."""
-    base.mkdir(parents=True, exist_ok=True)
-    while True:
-        nums = [int(m.group(1)) for p in base.iterdir() if (m := re.fullmatch(r"version_(\d+)", p.name))]
-        d = base / f"version_{max(nums, default=-1) + 1}"
-        try:
-            d.mkdir()
-            return d
-        except FileExistsError:
-            continue
-
-
 class AnalysisRun:
     def __init__(self, variant: str, task: str, runs_root: Path | None = None, tensorboard: bool = True):
         root = Path(runs_root) if runs_root is not None else paths.RUNS
-        self.dir = new_version_dir(root / _safe(variant) / "analysis" / _safe(task))
+        self.dir = paths.claim_version_dir(root / _safe(variant) / "analysis" / _safe(task))
         self.figures: list[str] = []
         self._tb = None
         if tensorboard:
@@ -62,10 +51,9 @@ class AnalysisRun:
         if self._tb is not None and value is not None:
             self._tb.add_scalar(tag, float(value), step)
 
-    def write_results(self, results: dict[str, Any]) -> Path:
-        path = self.dir / "results.json"
-        atomic_json_dump({**results, "figures": list(self.figures)}, path)
-        return path
+    def write_results(self, *, metrics: dict[str, Any], **fields: Any) -> Path:
+        """results.json (``tokenmix.results`` schema) with the figures written so far under metrics["figures"]."""
+        return write_results(self.dir, metrics={**metrics, "figures": list(self.figures)}, **fields)
 
     def close(self) -> None:
         if self._tb is not None:

@@ -1,11 +1,12 @@
 """``make report``: every probe and analysis results.json under runs/ -> reports/report.md + report.csv + plots.
+Reads only the one results schema (tokenmix/results.py); a file in another shape is skipped with a message.
 
 One row per variant (and per data source: runs on the generated demo data are kept apart from real-data runs),
 the paper columns, the difference to the softmax baseline of the same data source, and the published numbers as
 reference rows labelled "paper". A cell nobody measured says "not run"; a paper cell the paper does not report
 says "not reported". Nothing is ever filled in.
 
-    python -m analysis.report [--runs runs] [--out reports] [--baseline softmax]
+    python -m analysis.report [--runs runs] [--out reports] [--baseline softmax] [--variants entmax pixels ...]
 """
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ from typing import Any, Callable, Optional
 
 from tokenmix import paths
 from tokenmix.io import atomic_write
+from tokenmix.results import KEYS
+
+from .report_plots import plots
 
 NOT_RUN = "not run"
 NOT_REPORTED = "not reported"
@@ -60,6 +64,7 @@ COLUMNS: list[Column] = [
     Column("ade20k_miou", "ADE20K mIoU", "probe", "ade20k", lambda m, r: _get(m, "mIoU")),
     Column("cityscapes_miou", "Cityscapes mIoU", "probe", "cityscapes", lambda m, r: _get(m, "mIoU")),
     Column("nyuv2_rmse", "NYUv2 RMSE", "probe", "nyuv2", lambda m, r: _get(m, "rmse"), True, 4),
+    Column("nyuv2_d1", "NYUv2 δ1", "probe", "nyuv2", lambda m, r: _get(m, "d1"), digits=4),
     Column("sunrgbd_rmse", "SUN RGB-D RMSE", "probe", "sunrgbd", lambda m, r: _get(m, "rmse"), True, 4),
     Column("kitti_rmse", "KITTI RMSE", "probe", "kitti", lambda m, r: _get(m, "rmse"), True, 4),
     Column("pib_imagenet", "PiB ImageNet ([CLS])", "analysis", "pib", lambda m, r: _get(m, "pib"),
@@ -109,81 +114,80 @@ PAPER_NOTES = [
 
 @dataclass
 class Found:
+    """One results.json (tokenmix/results.py schema) under runs/<folder>/<probe|analysis>/<task>/version_N/."""
     variant: str
     data: str  # "demo" or the dataset name
+    kind: str  # "demo" | "real": the report keeps demo-data rows apart
+    source: str  # "probe" | "analysis"
+    task: str
+    sweep: bool  # a probe layer sweep (metrics["layers"]): feeds the per-block plots, not the table
     created: str
     path: Path
     payload: dict = field(repr=False)
 
+    @property
+    def checkpoint(self) -> Optional[str]:
+        """sha256 of the checkpoint the numbers were computed from (None: a baseline)."""
+        return (self.payload.get("backbone") or {}).get("sha256")
+
 
 def _load(path: Path) -> Optional[dict]:
     try:
-        return json.loads(path.read_text())
+        r = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:  # a half-written file cannot exist (atomic writes); a foreign one can
         print(f"[report] skipping unreadable {path}: {e}", file=sys.stderr)
         return None
+    if not isinstance(r, dict) or any(k not in r for k in KEYS) or not isinstance(r["metrics"], dict):
+        print(f"[report] skipping {path}: not the results schema of tokenmix/results.py (a run from an older "
+              "version: run it again)", file=sys.stderr)
+        return None
+    return r
 
 
 def _data_kind(data: str) -> str:
     return "demo" if data in ("", "demo") or str(data).startswith("demo") else "real"
 
 
-def collect(runs: Path) -> dict[tuple[str, str, str, str], Found]:
-    """(variant, data kind, source, task) -> the newest results (probe: latest single-layer run) and
-    ("...", "<task>@layers") -> the newest layer sweep."""
-    out: dict[tuple, Found] = {}
-
-    def keep(key, f: Found):
-        if key not in out or (f.created, str(f.path)) > (out[key].created, str(out[key].path)):
-            out[key] = f
-
-    for path in sorted(runs.glob("*/probe/*/version_*/results.json")):
-        r = _load(path)
-        if not r or "metrics" not in r:
-            continue
-        variant, task = path.parts[-5], r.get("task", path.parts[-3])
-        data = str((r.get("config") or {}).get("data") or "demo")
-        f = Found(variant, data, str(r.get("created", "")), path, r)
-        sweep = isinstance(r["metrics"], dict) and "layers" in r["metrics"]
-        keep((variant, _data_kind(data), "probe", f"{task}@layers" if sweep else task), f)
-    for path in sorted(runs.glob("*/analysis/*/version_*/results.json")):
-        r = _load(path)
-        if not r or "metrics" not in r:
-            continue
-        variant, task = path.parts[-5], r.get("task", path.parts[-3])
-        data = str(r.get("data") or "demo")
-        f = Found(variant, data, str(r.get("created", "")), path, r)
-        keep((variant, _data_kind(data), "analysis", f"{task}:{data}"), f)
+def collect(runs: Path) -> list[Found]:
+    """Every probe and analysis results.json under ``runs``."""
+    out = []
+    for source in ("probe", "analysis"):
+        for path in sorted(runs.glob(f"*/{source}/*/version_*/results.json")):
+            r = _load(path)
+            if r is None:
+                continue
+            data = str(r["data"] or "demo")
+            out.append(Found(str(r["variant"]), data, _data_kind(data), source, str(r["task"]),
+                             "layers" in r["metrics"], str(r["created"]), path, r))
     return out
 
 
-def _cell(found: dict, variant: str, kind: str, col: Column) -> tuple[Optional[float], Optional[Found]]:
-    if col.source == "probe":
-        f = found.get((variant, kind, "probe", col.task))
-        return (col.pick(f.payload["metrics"], f.payload), f) if f else (None, None)
+def newest(found: list[Found], variant: str, kind: str, col: Column, sweep: bool = False) -> Optional[Found]:
+    """The newest result feeding ``col`` for one row (analysis columns: only from the data sets they apply to)."""
     best = None
-    for (v, k, src, t), f in found.items():
-        if (v, k, src) != (variant, kind, "analysis") or t.split(":")[0] != col.task:
+    for f in found:
+        if (f.variant, f.kind, f.source, f.task, f.sweep) != (variant, kind, col.source, col.task, sweep):
             continue
         if col.datasets and f.data not in col.datasets and not (kind == "demo" and "demo" in col.datasets):
             continue
-        if best is None or f.created > best.created:
+        if best is None or (f.created, str(f.path)) > (best.created, str(best.path)):
             best = f
-    return (col.pick(best.payload["metrics"], best.payload), best) if best else (None, None)
+    return best
 
 
-def build_table(found, baseline: str = "softmax"):
-    rows_keys = sorted({(v, k) for (v, k, _, _) in found}, key=lambda vk: (vk[1] != "real", vk[0] != baseline, vk))
+def build_table(found: list[Found], baseline: str = "softmax"):
+    rows_keys = sorted({(f.variant, f.kind) for f in found},
+                       key=lambda vk: (vk[1] != "real", vk[0] != baseline, vk))
     kinds = {k for _, k in rows_keys}
     table = []
     for variant, kind in rows_keys:
         label = variant if len(kinds) == 1 and kind == "real" else f"{variant} [{kind} data]"
         row = {"row": label, "variant": variant, "data": kind, "sources": {}}
         for col in COLUMNS + EXTRA_COLUMNS:
-            val, f = _cell(found, variant, kind, col)
-            row[col.key] = val
+            f = newest(found, variant, kind, col)
+            row[col.key] = None if f is None else col.pick(f.payload["metrics"], f.payload)
             if f is not None:
-                row["sources"][col.key] = (str(f.path), _checkpoint(f.payload))
+                row["sources"][col.key] = (str(f.path), f.checkpoint)
         # one row = one variant name; say so when its cells come from different checkpoints
         row["checkpoints"] = sorted({c for _, c in row["sources"].values() if c})
         table.append(row)
@@ -193,12 +197,6 @@ def build_table(found, baseline: str = "softmax"):
             v, b = row[col.key], (base or {}).get(col.key)
             row[f"{col.key}_delta"] = None if v is None or b is None or row is base or not col.delta else v - b
     return table
-
-
-def _checkpoint(payload: dict) -> Optional[str]:
-    """sha256 of the checkpoint a results.json was computed from (analysis: ckpt_sha256; probes: backbone.*)."""
-    sha = payload.get("ckpt_sha256") or (payload.get("backbone") or {}).get("checkpoint_sha256")
-    return str(sha) if sha else None
 
 
 def paper_table():
@@ -259,11 +257,12 @@ def markdown(table, papers, plots: list[str], runs: Path, baseline: str) -> str:
               "it was computed from.", ""]
     for r in table:
         for k, (p, sha) in sorted(r["sources"].items()):
-            lines.append(f"- {r['row']} / {k}: `{_rel(p)}` (checkpoint {sha[:12] if sha else 'none: baseline'})")
+            lines.append(f"- {r['row']} / {k}: `{rel_path(p)}` (checkpoint {sha[:12] if sha else 'none: baseline'})")
     return "\n".join(lines) + "\n"
 
 
-def _rel(p: str) -> str:
+def rel_path(p: str) -> str:
+    """``p`` relative to the working directory where it lies below it (shorter report lines)."""
     try:
         return str(Path(p).resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
@@ -284,89 +283,26 @@ def write_csv(table, papers, path: Path) -> None:
         f.write(buf.getvalue())
 
 
-def _save_plot(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    with atomic_write(path, "wb") as f:
-        f.write(buf.getvalue())
-
-
-def plots(found, out: Path) -> list[str]:
-    from .figures import layer_curves
-
-    written = []
-
-    def label(v, k, data=None):
-        base = v if k == "real" else f"{v} [{k}]"
-        return base if data in (None, "demo") else f"{base} ({data})"
-
-    # PiB per layer, one line per variant and data set
-    curves = {}
-    for (v, k, src, t), f in sorted(found.items()):
-        if src == "analysis" and t.startswith("pib:") and f.payload["metrics"].get("pib_per_layer"):
-            curves[label(v, k, f.data)] = [float("nan") if x is None else x
-                                                  for x in f.payload["metrics"]["pib_per_layer"]]
-    if curves:
-        _save_plot(layer_curves(curves, "Point-in-Box per block", "PiB (%)"), out / "pib_per_layer.png")
-        written.append("pib_per_layer.png")
-    for task_key, title in (("norms", "high_norm_share_per_layer"), ("attention", "zero_share_per_layer")):
-        curves = {}
-        for (v, k, src, t), f in sorted(found.items()):
-            vals = f.payload["metrics"].get(title) if src == "analysis" and t.startswith(task_key + ":") else None
-            if vals:
-                curves[label(v, k, f.data)] = vals
-        if curves:
-            _save_plot(layer_curves(curves, title.replace("_", " "), "fraction"), out / f"{title}.png")
-            written.append(f"{title}.png")
-    # probe metric per layer (layer sweeps: make probe LAYER=all)
-    by_task: dict[str, dict[str, list]] = {}
-    for (v, k, src, t), f in sorted(found.items()):
-        if src != "probe" or not t.endswith("@layers"):
-            continue
-        task = t[: -len("@layers")]
-        col = next((c for c in COLUMNS if c.source == "probe" and c.task == task), None)
-        if col is None:
-            continue
-        layers = f.payload["metrics"]["layers"]
-        pts = sorted((int(name.split("_")[-1]), col.pick(m, f.payload)) for name, m in layers.items()
-                     if name.startswith("block_"))
-        if pts:
-            by_task.setdefault(task, {})[label(v, k)] = ([p[0] for p in pts], [p[1] for p in pts], col)
-    for task, series in by_task.items():
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        col = None
-        for name, (xs, ys, col) in series.items():
-            ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=name)
-        ax.set_xlabel("block")
-        ax.set_ylabel(col.title if col else task)
-        ax.set_title(f"{task}: probe per block", fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        _save_plot(fig, out / f"probe_per_layer_{task}.png")
-        written.append(f"probe_per_layer_{task}.png")
-    return written
-
-
 def main(argv=None) -> Path:
     p = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", default="", help="runs folder (default: tokenmix.paths.RUNS)")
     p.add_argument("--out", default="", help="output folder (default: <repo>/reports)")
     p.add_argument("--baseline", default="softmax", help="variant the differences are taken against")
+    p.add_argument("--variants", nargs="+", default=None, metavar="FOLDER",
+                   help="only these rows (run folders under runs/, e.g. entmax entmax_random pixels)")
     args = p.parse_args(argv)
     runs = Path(args.runs) if args.runs else paths.RUNS
     out = Path(args.out) if args.out else paths.REPO / "reports"
     out.mkdir(parents=True, exist_ok=True)
-    found = collect(runs) if runs.is_dir() else {}
+    found = collect(runs) if runs.is_dir() else []
     if not found:
         print(f"[report] no results.json under {runs}: every measured cell will say '{NOT_RUN}'. Run "
               "`make probe` / `make analyze` first.", file=sys.stderr)
+    if args.variants:
+        found = [f for f in found if f.variant in args.variants]
     table, papers = build_table(found, args.baseline), paper_table()
-    written = plots(found, out)
+    written = plots(found, out, COLUMNS)
     md = markdown(table, papers, written, runs, args.baseline)
     from .report_supervised import supervised_section  # label-supervised runs + LAST-ViT reference rows
     md += "\n".join(supervised_section(runs)) + "\n"

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from tokenmix.results import KEYS
+
 # ChengShiest/LAST-ViT cls_pretrain/README.md (ViT_190k.pth, 100 epochs, ImageNet-1K val) and the paper's
 # Point-in-Box on ImageNet val (single object, box < 25%): docs/REFERENCE.md, docs/supervised.md.
 SUPERVISED_PAPER_ROWS: list[dict[str, Any]] = [
@@ -23,18 +25,20 @@ COLS = [("val_top1", "val top-1"), ("val_top5", "val top-5"), ("val_top1_random_
 
 
 def collect_supervised(runs: Path) -> list[dict[str, Any]]:
-    """Newest supervised summary.json per (variant, data), with the run folder."""
+    """Newest label-supervised summary.json (tokenmix/results.py schema) per (variant, data): its metrics, with
+    the run folder."""
     best: dict[tuple[str, str], dict] = {}
     for path in sorted(runs.glob("*/pretrain/supervised*/version_*/summary.json")):
         try:
             s = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if s.get("objective") != "supervised":
+        if not isinstance(s, dict) or any(k not in s for k in KEYS) or s["config"].get("objective") != "supervised":
             continue
-        key = (path.parts[-5], str(s.get("data") or "demo"))
-        if key not in best or path.stat().st_mtime > best[key]["_mtime"]:
-            best[key] = {**s, "_variant": key[0], "_data": key[1], "_path": str(path), "_mtime": path.stat().st_mtime}
+        key = (str(s["variant"]), str(s["data"] or "demo"))
+        if key not in best or (s["created"], str(path)) > (best[key]["_created"], best[key]["_path"]):
+            best[key] = {**s["metrics"], "_variant": key[0], "_data": key[1], "_path": str(path),
+                         "_created": s["created"]}
     return [best[k] for k in sorted(best)]
 
 

@@ -1,52 +1,33 @@
 """``make analyze TASK=<pib|pca|norms|attention|corloc|votes> [VARIANT=... | CKPT=...] [DATA=... DATA_ROOT=...]``.
 
-Loads the backbone (CKPT, else the latest pretraining checkpoint of VARIANT), runs one analysis and writes
-``runs/<variant>/analysis/<task>/version_N/{*.png, results.json}`` plus TensorBoard events in the same folder.
+Loads the backbone (CKPT, else the latest pretraining checkpoint of VARIANT; ``random`` = an untrained ViT),
+runs one analysis (``analysis.registry``) and writes ``runs/<variant>/analysis/<task>/version_N/{*.png,
+results.json}`` plus TensorBoard events in the same folder. results.json: the one schema of tokenmix/results.py.
 """
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import hashlib
+import json
 import sys
-from pathlib import Path
 
 import torch
 
-from tokenmix import paths
+from tokenmix.cli import eval_parent_parser, finish_eval_args
+from tokenmix.launch import count_devices
+from tokenmix.results import backbone_entry
 
 from .data import default_resize, iter_samples, open_dataset
 from .output import AnalysisRun
-from .tasks import RUNNERS, TASKS, Options
-from .votes import run_votes
-
-RUNNERS, TASKS = {**RUNNERS, "votes": run_votes}, (*TASKS, "votes")  # LaSt-ViT vote maps (analysis/votes.py)
-
-# how many images each task uses by default: the protocols use every image with a box (pib, corloc); the
-# descriptive analyses only need a sample
-DEFAULT_MAX_IMAGES = {"pib": 0, "corloc": 0, "pca": 16, "norms": 64, "attention": 32, "votes": 0}
-DEFAULT_SPLIT = {"pib": "val", "corloc": "trainval", "pca": "val", "norms": "val", "attention": "val", "votes": "val"}
+from .registry import TASKS, Analysis, get_analysis
+from .tasks import Options
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m analysis.run", description=__doc__,
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m analysis.run", description=__doc__, parents=[eval_parent_parser()],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="", help=f"one of {', '.join(TASKS)}")
-    p.add_argument("--variant", default="", help="variant whose latest pretraining checkpoint to use (no --ckpt)")
-    p.add_argument("--ckpt", default="", help="checkpoint path (tokenmix .ckpt, DINO file); 'random' = random init")
-    p.add_argument("--arch", default="vit_demo_patch8", help="architecture for --ckpt random")
     p.add_argument("--name", default="", help="label of the run folder / report row (default: the variant)")
-    p.add_argument("--which", default="teacher", choices=("teacher", "student"))
-    p.add_argument("--data", default="demo", help="demo | voc | imagenet | any datamodules dataset name")
-    p.add_argument("--data-root", default="")
+    p.add_argument("--seed", type=int, default=0, help="seed of the --ckpt random initialisation")
     p.add_argument("--split", default="", help="dataset split (default: val; trainval for corloc)")
     p.add_argument("--image-set", default="", help="VOC only: Main (detection lists) or Segmentation")
     p.add_argument("--boxes", default="", help="ImageNet only: LOC_val_solution.csv or folder of val XMLs")
@@ -62,75 +43,64 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--k-patches", type=int, default=100)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--no-tensorboard", action="store_true")
-    return p.parse_args(argv)
+    return p
 
 
-def load_backbone(args) -> tuple[torch.nn.Module, dict]:
-    import backbones
-
-    if args.ckpt == "random":
-        model = backbones.create_vit(args.arch, args.variant or "softmax", seed=0)
-        return model, {"ckpt": "random", "ckpt_sha256": None}
-    if args.ckpt:
-        path = Path(args.ckpt)
-        if not path.is_file():
-            raise FileNotFoundError(f"checkpoint {path} does not exist. Pass CKPT=<path to a .ckpt/.pth>, or "
-                                    "VARIANT=<v> to use the latest `make pretrain VARIANT=<v>` run.")
-    else:
-        path = paths.latest_pretrain_checkpoint(args.variant or "softmax")
-    model = backbones.backbone_from_checkpoint(path, which=args.which)
-    return model, {"ckpt": str(path), "ckpt_sha256": sha256(path)}
+def parse_args(argv=None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    get_analysis(args.task.strip())  # an unknown task fails before anything loads
+    finish_eval_args(args)
+    if count_devices("auto" if args.device.startswith("cuda") else "cpu", args.devices) * args.num_nodes > 1:
+        raise ValueError(f"--devices {args.devices} --num-nodes {args.num_nodes}: the analyses run in one process "
+                         "here; use --devices 1")
+    if args.ckpt == "pixels":
+        raise ValueError("--ckpt pixels: the analyses need a ViT (tokens, attention); use a checkpoint or 'random'")
+    return args
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    task = args.task.strip()
-    if task not in RUNNERS:
-        raise SystemExit(f"unknown or missing --task '{task}'. Valid tasks: {', '.join(TASKS)} "
-                         "(e.g. make analyze TASK=pib VARIANT=entmax)")
-    model, ck = load_backbone(args)
-    model.eval().to(args.device)
-    # the run folder is named after what the checkpoint really is (a CKPT's recorded variant wins over VARIANT)
-    label = args.name or (model.variant if args.ckpt != "random" else f"{model.variant}_random")
-    crop = args.crop or int(model.patch_embed.img_size[0])
-    opts = Options(crop=crop, resize=args.resize or default_resize(crop), batch_size=args.batch_size,
-                   num_vis=args.num_vis, fg_threshold=args.fg_threshold, lost_features=args.lost_features,
-                   k_patches=args.k_patches, device=args.device,
-                   pib_subset=args.pib_subset or ("single_small" if args.data == "imagenet" else "all"))
-    split = args.split or DEFAULT_SPLIT[task]
+def open_data(args, a: Analysis):
+    """The dataset of the analysis: --split / --image-set / --boxes, else the analysis' defaults."""
     kw = {}
     if args.image_set:
         kw["image_set"] = args.image_set
-    elif task == "corloc" and args.data.startswith("voc"):
-        kw["image_set"] = "Main"  # LOST protocol: VOC detection trainval lists, not the segmentation subset
+    elif a.voc_image_set and args.data.startswith("voc"):
+        kw["image_set"] = a.voc_image_set
     if args.boxes:
         kw["boxes"] = args.boxes
-    need_boxes = task in ("pib", "corloc", "votes")
-    dataset = open_dataset(args.data, args.data_root, split, boxes=need_boxes, **kw)
-    max_images = DEFAULT_MAX_IMAGES[task] if args.max_images < 0 else args.max_images
-    run = AnalysisRun(label, task, tensorboard=not args.no_tensorboard)
+    return open_dataset(args.data, args.data_root, args.split or a.split, boxes=a.needs_boxes, **kw)
+
+
+def options(args, model) -> Options:
+    crop = args.crop or int(model.patch_embed.img_size[0])
+    return Options(crop=crop, resize=args.resize or default_resize(crop), batch_size=args.batch_size,
+                   num_vis=args.num_vis, fg_threshold=args.fg_threshold, lost_features=args.lost_features,
+                   k_patches=args.k_patches, device=args.device,
+                   pib_subset=args.pib_subset or ("single_small" if args.data == "imagenet" else "all"))
+
+
+def main(argv=None) -> dict:
+    from probes.backbone import resolve_backbone
+    args = parse_args(argv)
+    a = get_analysis(args.task.strip())
+    info = resolve_backbone(args.ckpt, args.variant, args.arch, 16, seed=args.seed, which=args.which)
+    model = info.model.eval().to(args.device)
+    # the run folder is named after what the checkpoint really is (a CKPT's recorded variant wins over VARIANT)
+    label = args.name or info.run_name
+    opts = options(args, model)
+    dataset = open_data(args, a)
+    max_images = a.max_images if args.max_images < 0 else args.max_images
+    run = AnalysisRun(label, a.name, tensorboard=not args.no_tensorboard)
     try:
-        numbers = RUNNERS[task](model, iter_samples(dataset, max_images), run, opts)
-        results = {
-            "task": task, "variant": label, "model": dict(model.config), **ck,
-            "data": args.data or "demo", "data_root": args.data_root or None, "split": split,
-            "crop": opts.crop, "resize": opts.resize,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "metrics": numbers,
-        }
-        out = run.write_results(results)
+        numbers = a.runner(model, iter_samples(dataset, max_images), run, opts)
+        config = {**vars(args), "split": args.split or a.split, "max_images": max_images, "crop": opts.crop,
+                  "resize": opts.resize, "data_root": args.data_root or None}
+        out = run.write_results(task=a.name, variant=label, data=args.data, metrics=numbers, config=config,
+                                backbone=backbone_entry(info.config, info.checkpoint, info.sha256, info.source))
     finally:
         run.close()
-    print(f"[analysis] {task} for {label}: {_headline(task, numbers)}")
+    print(f"[analysis] {a.name} for {label}: {a.headline(numbers)}")
     print(f"[analysis] wrote {out} and {len(run.figures)} figure(s) in {run.dir} (TensorBoard: make tensorboard)")
-    return results
-
-
-def _headline(task: str, m: dict) -> str:
-    key = {"pib": "pib", "corloc": "corloc", "norms": "high_norm_share", "attention": "zero_share",
-           "pca": "explained_variance_ratio", "votes": "share_of_votes_in_box"}[task]
-    extra = f", pib_aggregated = {m['pib_aggregated']}" if m.get("pib_aggregated") is not None else ""
-    return f"{key} = {m.get(key)}{extra} over {m.get('n_images')} images"
+    return json.loads(out.read_text())
 
 
 if __name__ == "__main__":

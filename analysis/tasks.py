@@ -16,9 +16,6 @@ from .norms import norm_stats
 from tokenmix.pca import pca_fit, pca_rgb
 from .patch_score import patch_scores, pib_hits, single_small_object
 
-TASKS = ("pib", "pca", "norms", "attention", "corloc")
-
-
 @dataclass
 class Options:
     crop: int = 224
@@ -329,6 +326,3 @@ def run_corloc(model, samples, run, opts: Options) -> dict:
     return {"corloc": corloc, "n_images": len(hits), "features": "last-block keys" if opts.lost_features == "k"
             else "last-block patch outputs", "k_patches": opts.k_patches, "iou_threshold": 0.5,
             "units": "percent of images"}
-
-
-RUNNERS = {"pib": run_pib, "pca": run_pca, "norms": run_norms, "attention": run_attention, "corloc": run_corloc}

@@ -13,9 +13,9 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Subset
 
 from tokenmix.attention_stats import attention_stats as _attention_stats
-from tokenmix.io import atomic_json_dump
 from tokenmix.knn import knn_classify
 from tokenmix.pca import pca_rgb as _pca_rgb
+from tokenmix.results import write_summary
 
 
 def _tb(trainer: pl.Trainer):
@@ -240,7 +240,10 @@ class RunSummary(pl.Callback):
                                else cb.final_top1 - cb.random_init_top1)
         if not healthy:
             rank_zero_warn(f"collapse watch: {why}")
-        atomic_json_dump(summary, Path(log_dir) / "summary.json")
+        write_summary(log_dir, objective="dino", variant=pl_module.hparams.variant, metrics=summary,
+                      data=getattr(trainer.datamodule, "data", None), backbone_config=dict(pl_module.backbone.config),
+                      config=dict(pl_module.hparams),
+                      checkpoint=getattr(trainer.checkpoint_callback, "last_model_path", None))
         fmt = {k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in summary.items()
                if not k.startswith("collapse/")}
         rank_zero_info("pretraining summary: " + ", ".join(f"{k}={v}" for k, v in fmt.items()))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 import lightning.pytorch as pl
@@ -28,7 +27,8 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from backbones import create_vit, parse_variant
 from lightning_modules.dino_module import NonFiniteLossError, _plain
-from tokenmix.io import CheckpointError, atomic_json_dump
+from tokenmix.io import CheckpointError
+from tokenmix.results import write_summary
 
 KIND = "supervised"
 
@@ -266,8 +266,10 @@ class SupervisedSummary(pl.Callback):
                    "val_top1_random_init": init.get("val_top1"), "val_top5_random_init": init.get("val_top5"),
                    "val_top1_gain": None if not init or not final else final["val_top1"] - init["val_top1"],
                    "fit_wall_s": None if self._t0 is None else round(time.perf_counter() - self._t0, 1)}
-        path = Path(log_dir) / "summary.json"
-        atomic_json_dump(summary, path)
+        path = write_summary(log_dir, objective=KIND, variant=pl_module.hparams.variant, data=summary["data"],
+                             backbone_config=dict(pl_module.backbone.config), metrics=summary,
+                             config=dict(pl_module.hparams),
+                             checkpoint=getattr(trainer.checkpoint_callback, "last_model_path", None))
         rank_zero_info("supervised summary: " + ", ".join(
             f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()))
         rank_zero_info(f"summary written to {path}")

@@ -4,58 +4,45 @@
     python -m probes.run --task knn --ckpt random      # baselines: random (untrained ViT), pixels (raw patches)
     python -m probes.run --task nyuv2 --layer all      # one probe per block
 
-Output: runs/<variant | variant_random | pixels>/probe/<task>/version_N/{results.json, events.*, head*.pt}.
+Output: runs/<variant | variant_random | pixels>/probe/<task>/version_N/{results.json, events.*, head*.pt};
+results.json follows the one schema of tokenmix/results.py. How each kind of probe runs: probes/kinds.py.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 from torch.utils.data import Subset
 
+from tokenmix import paths
+from tokenmix.cli import eval_parent_parser, finish_eval_args, is_demo
 from tokenmix.io import CheckpointError
-from tokenmix.launch import (LaunchError, cluster_num_nodes, count_devices, ddp_strategy, global_rank,
-                             refuse_unlaunched_multinode, wants_sync_batchnorm)
+from tokenmix.knn import DEFAULT_KS
+from tokenmix.launch import LaunchError, count_devices, global_rank
+from tokenmix.results import backbone_entry, write_results
 
-from .backbone import BackboneInfo, resolve_backbone
-from .data import ProbeDataset, build_split, collate, resolve_data
-from .features import FeatureSpec, FrozenFeatures, extraction_module
-from tokenmix.knn import DEFAULT_KS, knn_top1_topk
-from .results import write_results
-from .tasks import TASKS, TaskSpec, get_task
-
-
-DEFAULT_EPOCHS = {"linear": 100, "seg": 40, "depth": 40}
-DEMO_ARCH = "vit_demo_patch8"
-VERSION_ENV = "TOKENMIX_PROBE_VERSION"
+from .backbone import resolve_backbone
+from .data import build_split, resolve_data
+from .kinds import KINDS, ProbeContext, summary
+from .tasks import TASKS, get_task
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m probes.run", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m probes.run", description=__doc__, parents=[eval_parent_parser()],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
     p.add_argument("--config", default=None, help="YAML of defaults (configs/probe/*.yaml): top-level flags for "
                    "every task, 'tasks: {<task>: {...}}' per task; command-line flags win")
-    p.add_argument("--variant", default="softmax", help="variant whose latest pretraining checkpoint is used "
-                   "when --ckpt is empty; also the variant of --ckpt random")
-    p.add_argument("--ckpt", default="", help="checkpoint file, or 'random' / 'pixels' baselines; '' = latest "
-                   "pretraining run of --variant")
-    p.add_argument("--data", default="demo", help="'demo' (generated data) or the dataset name (with --data-root)")
-    p.add_argument("--data-root", default="", help="folder of the real dataset")
     p.add_argument("--layer", default="", help="'' = the protocol's blocks, k = block k, 'all' = every block, "
                    "'0,3' = a list")
     p.add_argument("--max-epochs", type=int, default=None, help="default: imagenet 100, dense probes 40")
     p.add_argument("--batch-size", type=int, default=None, help="default: 256 imagenet, 16 dense, 64 k-NN")
     p.add_argument("--lr", type=float, default=None, help="default: the protocol's")
     p.add_argument("--img-size", default=None, help="probe input size 'S' or 'H,W' (default: per task, see docs)")
-    p.add_argument("--arch", default=None, help=f"arch of --ckpt random (default: {DEMO_ARCH} on demo data, "
-                   "vit_small_patch16 otherwise)")
     p.add_argument("--patch-size", type=int, default=None,
                    help="patch size of --ckpt pixels (default: demo 8, else 16)")
     p.add_argument("--head", choices=("linear", "linear4"), default="linear",
@@ -74,13 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-samples", type=int, default=None, help="use the first N samples of each split")
     p.add_argument("--knn-k", default=",".join(map(str, DEFAULT_KS)), help="k-NN: comma-separated k values")
     p.add_argument("--knn-t", type=float, default=0.07, help="k-NN temperature")
-    p.add_argument("--which", choices=("teacher", "student"), default="teacher")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--accelerator", default="auto")
-    p.add_argument("--devices", default="1", help="devices per node through Lightning DDP ('auto' = all "
-                   "present); batch size is per device, features are sharded over the processes and gathered")
-    p.add_argument("--num-nodes", type=int, default=None, help="default: from SLURM / torchrun, else 1")
-    p.add_argument("--dist-timeout", type=float, default=10.0, help="minutes DDP waits for the other processes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs-dir", default=None, help="default: tokenmix.paths.RUNS (runs/)")
     p.add_argument("--quick", action="store_true", help="smoke test: 2 epochs, at most 16 samples per split")
@@ -88,20 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-config", "--print_config", action="store_true",
                    help="print the resolved settings (config file + flags) as YAML and exit")
     return p
-
-
-def claim_version_dir(root: Path) -> str:
-    """Create the next free ``version_N`` under ``root`` atomically (mkdir fails if another run took it),
-    so each run, even concurrent ones, owns a fresh folder and results never mix."""
-    root.mkdir(parents=True, exist_ok=True)
-    taken = [int(p.name.split("_", 1)[1]) for p in root.glob("version_*") if p.name.split("_", 1)[1].isdigit()]
-    n = max(taken, default=-1) + 1
-    while True:
-        try:
-            (root / f"version_{n}").mkdir()
-            return f"version_{n}"
-        except FileExistsError:
-            n += 1
 
 
 def parse_layers(layer: str, depth: int) -> list[Optional[list[int]]]:
@@ -128,127 +96,6 @@ def _subset(ds, n: Optional[int]):
     return Subset(ds, torch.linspace(0, len(ds) - 1, n).round().long().unique().tolist())
 
 
-def _num_classes(ds, task: TaskSpec) -> int:
-    base = ds.dataset if isinstance(ds, Subset) else ds
-    classes = getattr(base, "classes", None)
-    if classes:
-        return len(classes)
-    labels = [int(base[i]["label"]) for i in range(len(base))]  # small datasets without a class list
-    return max(labels) + 1 if labels else task.num_classes
-
-
-def make_trainer(args, **kw):
-    """A Lightning Trainer on ``--accelerator`` x ``--devices`` x ``--num-nodes`` (DDP with a process-group
-    timeout when more than one process); our modules shard their own data (use_distributed_sampler=False)."""
-    import lightning as L
-    strategy = ddp_strategy("auto", args.accelerator, args.devices, args.num_nodes, args.dist_timeout)
-    return L.Trainer(accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes,
-                     strategy=strategy, use_distributed_sampler=False,
-                     sync_batchnorm=wants_sync_batchnorm(strategy, args.accelerator, "the probe head's BatchNorm"),
-                     enable_model_summary=False, enable_progress_bar=args.progress, **kw)
-
-
-def extract_all(args, features: FrozenFeatures, datasets, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(features, labels) of each dataset, sharded over the processes and gathered on every rank."""
-    import warnings
-    module = extraction_module(features, datasets, batch_size, args.num_workers, collate)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*(module\\(s\\) in eval mode|does not have many workers).*")
-        make_trainer(args, logger=False, enable_checkpointing=False).predict(module, return_predictions=False)
-    return module.results
-
-
-def seg_num_classes(ds, dataset: str, root: Path, task: TaskSpec) -> int:
-    """The demo VOC layout has 9 classes (background + 8 shapes; data/demo/classes.json), not VOC's 21."""
-    if dataset.startswith("demo_"):
-        import json
-        meta = root / "classes.json"
-        if meta.is_file():
-            return int(json.loads(meta.read_text())["num_classes"]["segmentation"])
-    base = ds.dataset if isinstance(ds, Subset) else ds
-    return len(base.classes) if getattr(base, "classes", None) else task.num_classes
-
-
-def _device(accelerator: str) -> torch.device:
-    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
-def run_knn(args, task, info: BackboneInfo, train_base, val_base, blocks, size, logger) -> dict[str, Any]:
-    spec = FeatureSpec(kind="cls", n_last_blocks=1, blocks=blocks)  # DINO eval_knn: last-block [CLS]
-    features = FrozenFeatures(info.model, spec)
-    ps = getattr(info.model, "patch_size", 16)
-    bs = args.batch_size or 64
-    dev = _device(args.accelerator)
-    # DINO eval_knn: Resize 256 + CenterCrop 224 for both splits
-    t0 = time.perf_counter()
-    (ftr, ytr), (fva, yva) = extract_all(args, features, [ProbeDataset(train_base, size, "cls_val", ps),
-                                                          ProbeDataset(val_base, size, "cls_val", ps)], bs)
-    if global_rank() != 0:  # every rank took part in the extraction; rank 0 votes and reports
-        return {}
-    ks = [int(k) for k in str(args.knn_k).split(",") if k.strip()]
-    if dev.type == "cuda":  # similarity matrix on the GPU (DINO keeps the features there too)
-        ftr, fva = ftr.to(dev), fva.to(dev)
-    res = knn_top1_topk(ftr, ytr, fva, yva, _num_classes(train_base, task), ks=ks, T=args.knn_t)
-    metrics = {"top1": {k: v["top1"] for k, v in res.items()}, "top5": {k: v["top5"] for k, v in res.items()},
-               "num_train": len(ytr), "num_val": len(yva), "seconds": time.perf_counter() - t0}
-    if logger is not None:
-        for k, v in res.items():
-            logger.experiment.add_scalar(f"knn/top1_k{k}", v["top1"], 0)
-        logger.experiment.flush()
-    return metrics
-
-
-def build_probe(args, task, info: BackboneInfo, train_base, val_base, blocks, size, dataset: str, root: Path):
-    ps = getattr(info.model, "patch_size", 16)
-    kw = dict(batch_size=args.batch_size or (256 if task.kind == "linear" else 16), num_workers=args.num_workers,
-              cache_dtype=torch.float16 if args.cache_fp16 else torch.float32)
-    if task.kind == "linear":
-        from .module_linear import LinearClassificationProbe
-        aug = not args.no_aug
-        spec = FeatureSpec(kind="cls", n_last_blocks=min(4, getattr(info.model, "depth", 1)), blocks=blocks)
-        features = FrozenFeatures(info.model, spec)
-        train = ProbeDataset(train_base, size, "cls_train" if aug else "cls_val", ps)
-        val = ProbeDataset(val_base, size, "cls_val", ps)
-        return LinearClassificationProbe(features, train, val, _num_classes(train_base, task), lr=args.lr,
-                                         cache=not aug and not args.no_cache, **kw), spec
-    with_cls = args.with_cls if args.with_cls is not None else task.kind == "depth"
-    n_last = 4 if args.head == "linear4" else 1
-    spec = FeatureSpec(kind="dense", n_last_blocks=min(n_last, getattr(info.model, "depth", 1)), blocks=blocks,
-                       with_cls=with_cls)
-    features = FrozenFeatures(info.model, spec)
-    train = ProbeDataset(train_base, size, "dense_train", ps)
-    val = ProbeDataset(val_base, size, "dense_val", ps)
-    cache = not args.no_cache
-    if task.kind == "seg":
-        from .module_seg import SegmentationProbe
-        num_classes = seg_num_classes(val_base, dataset, root, task)
-        return SegmentationProbe(features, train, val, num_classes, cache=cache,
-                                 **({"lr": args.lr} if args.lr else {}), **kw), spec
-    from .module_depth import DepthProbe
-    from .tasks import depth_eval_settings
-    lo, hi, crop, clip = depth_eval_settings(dataset)
-    return DepthProbe(features, train, val, min_depth=lo, max_depth=hi, crop=crop, clip=clip,
-                      classify=args.depth_head == "bins", norm=args.bin_norm, cache=cache,
-                      **({"lr": args.lr} if args.lr else {}), **kw), spec
-
-
-def fit_probe(args, module, logger, max_epochs: int) -> dict[str, Any]:
-    import warnings
-
-    trainer = make_trainer(args, max_epochs=max_epochs, logger=logger, enable_checkpointing=False,
-                           num_sanity_val_steps=0, log_every_n_steps=1, reload_dataloaders_every_n_epochs=1)
-    t0 = time.perf_counter()
-    with warnings.catch_warnings():  # the frozen backbone is in eval mode on purpose
-        warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode.*")
-        trainer.fit(module)
-    metrics = dict(module.last_metrics)
-    metrics["history"] = module.history
-    metrics["seconds"] = time.perf_counter() - t0
-    return metrics
-
-
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -269,105 +116,83 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
-def run_version(root: Path, spawns: bool) -> str:
-    """The run's ``version_N``: claimed by rank 0 (the launching process), handed to the processes Lightning
-    starts through the environment. Other ranks (e.g. started by srun) write nothing and claim nothing."""
-    if os.environ.get(VERSION_ENV):
-        return os.environ[VERSION_ENV]
-    if global_rank() != 0:
-        return f"version_rank{global_rank()}"
-    version = claim_version_dir(root)
-    if spawns:
-        os.environ[VERSION_ENV] = version  # inherited by the processes the DDP launcher starts
-    return version
-
-
-def main(argv: Optional[list[str]] = None) -> Optional[Path]:
-    args = parse_args(argv)
-    if args.print_config:
-        import yaml
-        get_task(args.task.strip())  # an unknown task is an error here too
-        print(yaml.safe_dump({k: v for k, v in vars(args).items() if k != "print_config"}, sort_keys=False))
-        return None
-    if args.num_nodes is None:
-        args.num_nodes = cluster_num_nodes() or 1
-    refuse_unlaunched_multinode(args.num_nodes)
-    if str(args.devices).strip() not in ("auto", "-1") and not str(args.devices).replace(",", "").isdigit():
-        raise ValueError(f"--devices {args.devices!r}: expected a number, a list like '0,1', or 'auto'")
+def build_context(args) -> ProbeContext:
+    """The backbone, the task's two splits (subset by --max-samples) and the probe input size."""
     task = get_task(args.task.strip())
-    demo = (args.data or "demo").strip() == "demo"
-    if args.quick:
-        args.max_epochs = args.max_epochs or 2
-        args.max_samples = args.max_samples or 16
-    import lightning as L
-    L.seed_everything(args.seed, verbose=False)
-
-    arch = args.arch or (DEMO_ARCH if demo else "vit_small_patch16")
-    info = resolve_backbone(args.ckpt, args.variant, arch, args.patch_size or (8 if demo else 16), seed=args.seed,
-                            which=args.which)
+    demo = is_demo(args.data)
+    info = resolve_backbone(args.ckpt, args.variant, args.arch, args.patch_size or (8 if demo else 16),
+                            seed=args.seed, which=args.which)
     name, root = resolve_data(task, args.data, args.data_root)
-    train_base = _subset(build_split(name, root, args.train_split), args.max_samples)
-    val_base = _subset(build_split(name, root, args.val_split or task.val_split), args.max_samples)
+    train = _subset(build_split(name, root, args.train_split), args.max_samples)
+    val = _subset(build_split(name, root, args.val_split or task.val_split), args.max_samples)
     if args.img_size:
         size = tuple(int(v) for v in str(args.img_size).split(","))
         size = size * 2 if len(size) == 1 else size
     else:
         size = task.demo_img_size if demo else task.img_size
+    return ProbeContext(args, task, info, train, val, tuple(size), name, root)
 
+
+def run_layers(ctx: ProbeContext, logger) -> tuple[dict[str, Any], Optional[dict]]:
+    """One probe per block selection of --layer: (metrics, the last probe's feature spec)."""
     from lightning.pytorch.loggers import TensorBoardLogger
-    from tokenmix.paths import RUNS
-    runs = Path(args.runs_dir) if args.runs_dir else RUNS
-    version = run_version(runs / info.run_name / "probe" / task.name, count_devices(args.accelerator, args.devices) > 1)
-    logger = TensorBoardLogger(save_dir=str(runs / info.run_name / "probe"), name=task.name, version=version,
-                               default_hp_metric=False)
-    log_dir = Path(logger.log_dir)
-
-    layers = parse_layers(args.layer, int(getattr(info.model, "depth", 1)))
-    per_layer: dict[str, Any] = {}
-    spec_desc = None
+    kind = KINDS[ctx.task.kind]
+    layers = parse_layers(ctx.args.layer, ctx.depth)
+    per_layer, spec = {}, None
     for blocks in layers:
         key = "default" if blocks is None else f"block_{blocks[0]}"
-        sub = logger if len(layers) == 1 else TensorBoardLogger(save_dir=str(log_dir), name=key, version="",
+        sub = logger if len(layers) == 1 else TensorBoardLogger(save_dir=str(ctx.log_dir), name=key, version="",
                                                                 default_hp_metric=False)
-        if task.kind == "knn":
-            per_layer[key] = run_knn(args, task, info, train_base, val_base, blocks, size, sub)
-            spec_desc = FeatureSpec(kind="cls", blocks=blocks).describe()
-            continue
-        module, spec = build_probe(args, task, info, train_base, val_base, blocks, size, name, root)
-        spec_desc = spec.describe()
-        per_layer[key] = fit_probe(args, module, sub, args.max_epochs or DEFAULT_EPOCHS[task.kind])
-        if global_rank() == 0:
-            from tokenmix.io import atomic_torch_save
-            atomic_torch_save(module.head.state_dict(), log_dir / f"head_{key}.pt")
-
-    if global_rank() != 0:  # the other processes of a multi-device run: rank 0 writes the results
-        os.environ.pop(VERSION_ENV, None)
-        return log_dir / "results.json"
+        spec = kind.features(ctx.args, ctx.depth, blocks)
+        per_layer[key] = kind.run(ctx, spec, sub, key)
     metrics = per_layer["default"] if list(per_layer) == ["default"] else {"layers": per_layer}
-    config = {k: v for k, v in vars(args).items()}
-    config.update(dataset=name, data_root=str(root), img_size=list(size), features=spec_desc,
-                  val_split=args.val_split or task.val_split, num_train=len(train_base), num_val=len(val_base))
-    marker = root / ".demo_complete.json"
-    if name.startswith("demo_") and marker.is_file():  # which generation of the demo data was measured
+    return metrics, None if spec is None else spec.describe()
+
+
+def write_probe_results(ctx: ProbeContext, metrics: dict, features: Optional[dict]) -> Path:
+    args, info = ctx.args, ctx.info
+    config = {**vars(args), "dataset": ctx.dataset, "data_root": str(ctx.root), "img_size": list(ctx.size),
+              "features": features, "val_split": args.val_split or ctx.task.val_split,
+              "num_train": len(ctx.train), "num_val": len(ctx.val)}
+    marker = ctx.root / ".demo_complete.json"
+    if ctx.dataset.startswith("demo_") and marker.is_file():  # which generation of the demo data was measured
         config["demo_data"] = json.loads(marker.read_text())
-    path = write_results(log_dir, task=task.name, metrics=metrics, config=config, backbone=info.describe())
-    print(f"[probe] {task.name} on {info.run_name}: {summary(task, metrics)}\n[probe] results: {path}")
-    os.environ.pop(VERSION_ENV, None)  # a next run in this process claims its own folder
+    return write_results(ctx.log_dir, task=ctx.task.name, variant=info.run_name, data=args.data, metrics=metrics,
+                         config=config, backbone=backbone_entry(info.config, info.checkpoint, info.sha256,
+                                                                info.source))
+
+
+def main(argv: Optional[list[str]] = None) -> Optional[Path]:
+    args = parse_args(argv)
+    if args.print_config:
+        get_task(args.task.strip())  # an unknown task is an error here too
+        import yaml
+        print(yaml.safe_dump({k: v for k, v in vars(args).items() if k != "print_config"}, sort_keys=False))
+        return None
+    finish_eval_args(args)
+    get_task(args.task.strip())
+    if args.quick:
+        args.max_epochs = args.max_epochs or 2
+        args.max_samples = args.max_samples or 16
+    import lightning as L
+    from lightning.pytorch.loggers import TensorBoardLogger
+    L.seed_everything(args.seed, verbose=False)
+    ctx = build_context(args)
+    probe_dir = (Path(args.runs_dir) if args.runs_dir else paths.RUNS) / ctx.info.run_name / "probe"
+    version = paths.run_version(probe_dir / ctx.task.name, count_devices(args.accelerator, args.devices) > 1)
+    logger = TensorBoardLogger(save_dir=str(probe_dir), name=ctx.task.name, version=version,
+                               default_hp_metric=False)
+    ctx.log_dir = Path(logger.log_dir)
+    try:
+        metrics, features = run_layers(ctx, logger)
+        if global_rank() != 0:  # the other processes of a multi-device run: rank 0 writes the results
+            return ctx.log_dir / "results.json"
+        path = write_probe_results(ctx, metrics, features)
+    finally:
+        paths.release_version()  # a next run in this process claims its own folder
+    print(f"[probe] {ctx.task.name} on {ctx.info.run_name}: {summary(ctx.task.kind, metrics)}\n"
+          f"[probe] results: {path}")
     return path
-
-
-def summary(task: TaskSpec, metrics: dict) -> str:
-    def one(m):
-        if task.kind == "knn":
-            return "k-NN top-1 " + ", ".join(f"k={k}: {v:.2f}" for k, v in m["top1"].items())
-        if task.kind == "linear":
-            return f"best top-1 {m['best_top1']:.2f}"
-        if task.kind == "seg":
-            return f"mIoU {m['mIoU']:.2f}, aAcc {m['aAcc']:.2f}"
-        return f"RMSE {m['rmse']:.4f}, AbsRel {m['abs_rel']:.4f}, d1 {m['d1']:.4f}"
-    if "layers" in metrics:
-        return "; ".join(f"{k}: {one(v)}" for k, v in metrics["layers"].items())
-    return one(metrics)
 
 
 def cli() -> None:

@@ -1,7 +1,9 @@
-"""The probe tasks: which dataset, which kind of probe, and the per-dataset evaluation settings."""
+"""The probe tasks: which dataset, which kind of probe (``Kind``; how each kind runs: ``probes.kinds.KINDS``) and
+the per-dataset evaluation settings."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from functools import partial
 from typing import Callable, Optional
 
@@ -17,10 +19,18 @@ def depth_eval_settings(dataset: str) -> tuple[float, float, Optional[Callable[[
     return lo, hi, (None if kind is None else partial(crop_mask, kind)), depth_clip(dataset)
 
 
+class Kind(str, Enum):
+    """The kinds of probe; ``probes.kinds.KINDS[kind]`` says how to run one."""
+    KNN = "knn"        # weighted k-NN on the last block's [CLS] (DINO eval_knn)
+    LINEAR = "linear"  # linear classifier on [CLS] tokens (DINO eval_linear)
+    SEG = "seg"        # linear segmentation head on patch tokens (entmax paper / DINOv2)
+    DEPTH = "depth"    # linear depth head (bins or regression) on patch tokens (+[CLS])
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     name: str
-    kind: str                      # knn | linear | seg | depth
+    kind: Kind
     dataset: str                   # dataset name for datamodules.build_dataset with a real --data-root
     demo_dataset: Optional[str]    # the generated dataset used with --data demo (None: no demo equivalent)
     num_classes: int = 0
@@ -30,15 +40,15 @@ class TaskSpec:
 
 
 TASKS: dict[str, TaskSpec] = {t.name: t for t in [
-    TaskSpec("imagenet", "linear", "imagenet", "demo_cls", num_classes=1000),
-    TaskSpec("knn", "knn", "imagenet", "demo_cls", num_classes=1000),
-    TaskSpec("voc", "seg", "voc", "demo_voc", num_classes=21, img_size=(448, 448), demo_img_size=(128, 128)),
-    TaskSpec("ade20k", "seg", "ade20k", None, num_classes=150, img_size=(448, 448)),
-    TaskSpec("cityscapes", "seg", "cityscapes", None, num_classes=19, img_size=(448, 896)),
-    TaskSpec("nyuv2", "depth", "nyuv2", "demo_nyu", img_size=(480, 640),
+    TaskSpec("imagenet", Kind.LINEAR, "imagenet", "demo_cls", num_classes=1000),
+    TaskSpec("knn", Kind.KNN, "imagenet", "demo_cls", num_classes=1000),
+    TaskSpec("voc", Kind.SEG, "voc", "demo_voc", num_classes=21, img_size=(448, 448), demo_img_size=(128, 128)),
+    TaskSpec("ade20k", Kind.SEG, "ade20k", None, num_classes=150, img_size=(448, 448)),
+    TaskSpec("cityscapes", Kind.SEG, "cityscapes", None, num_classes=19, img_size=(448, 896)),
+    TaskSpec("nyuv2", Kind.DEPTH, "nyuv2", "demo_nyu", img_size=(480, 640),
              demo_img_size=(120, 160), val_split="test"),
-    TaskSpec("sunrgbd", "depth", "sunrgbd", None, img_size=(480, 640), val_split="test"),
-    TaskSpec("kitti", "depth", "kitti", None, img_size=(352, 1216),
+    TaskSpec("sunrgbd", Kind.DEPTH, "sunrgbd", None, img_size=(480, 640), val_split="test"),
+    TaskSpec("kitti", Kind.DEPTH, "kitti", None, img_size=(352, 1216),
              val_split="test"),
 ]}
 

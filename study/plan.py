@@ -37,7 +37,7 @@ def probe_tasks() -> tuple[str, ...]:
 
 
 def analysis_tasks() -> tuple[str, ...]:
-    from analysis.tasks import TASKS
+    from analysis.registry import TASKS
     return tuple(TASKS)
 
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from analysis.report import COLUMNS, EXTRA_COLUMNS, NOT_REPORTED, NOT_RUN, PAPER_NOTES, paper_table
+from analysis.report import COLUMNS, EXTRA_COLUMNS, NOT_REPORTED, NOT_RUN, PAPER_NOTES, paper_table, rel_path
+from analysis.report_plots import save_png
 from tokenmix.io import atomic_write
 
 from .plan import Cell, Spec
@@ -182,7 +183,7 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
         L += [f"![{p}]({p})" for p in plots]
     L += ["", "## Cells", "", "Finished cells, their run folders (TensorBoard logs) and the checkpoint sha256 "
           "(first 12 hex digits).", ""]
-    L += [f"- `{cid}`: `{_rel(rd)}` (checkpoint {sha[:12]})" for cid, rd, sha in t.cells]
+    L += [f"- `{cid}`: `{rel_path(rd)}` (checkpoint {sha[:12]})" for cid, rd, sha in t.cells]
     return "\n".join(L) + "\n"
 
 
@@ -198,13 +199,6 @@ def cost_lines(t: Table) -> list[str]:
         L.append(f"| {kind} | {len(xs)} | {sum(wall) / len(wall):.0f} |" if wall else f"| {kind} | {len(xs)} | — |")
         L[-1] += f" {sum(cpu) / len(cpu):.0f} |" if cpu else " — |"
     return L
-
-
-def _rel(p: str) -> str:
-    try:
-        return str(Path(p).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return p
 
 
 def write_csv(spec: Spec, t: Table, path: Path) -> None:
@@ -252,11 +246,7 @@ def plot_column(t: Table, col, path: Path) -> None:
     ax.set_xlabel("dots: one per seed; bar: mean ± std", fontsize=7)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    with atomic_write(path, "wb") as f:
-        f.write(buf.getvalue())
+    save_png(fig, path)
 
 
 def write_report(spec: Spec, t: Table, out: Path, command: str = "python -m study") -> Path:

@@ -1,9 +1,9 @@
-"""The study's one reader of results.json files, tolerant of both schemas in use:
+"""The study's one reader of results.json files: the one schema of ``tokenmix/results.py`` (``task``, ``data``,
+``backbone.sha256``, ``metrics``; probe or analysis from the run folder). Files written before that schema
+(probes: ``backbone.checkpoint_sha256`` + ``config.data``; analyses: ``ckpt_sha256`` + ``data``) are still read,
+so a study begun earlier keeps its finished cells.
 
-- probes (``probes/results.py``): ``task``, ``metrics``, ``backbone.checkpoint_sha256``, ``config.data``;
-- analyses (``analysis/run.py``): ``task``, ``metrics``, ``ckpt_sha256``, ``data``.
-
-Everything else in the study goes through :func:`read_result`, so a later unified schema changes this file only.
+Everything else in the study goes through :func:`read_result`.
 
     >>> r = read_result(Path("runs/study/demo/seed0/entmax/probe/knn/version_0/results.json"))  # doctest: +SKIP
     >>> r.task, r.source, r.checkpoint_sha256[:12], r.data
@@ -43,8 +43,9 @@ def read_result(path: Path) -> Optional[Result]:
     backbone = r.get("backbone") if isinstance(r.get("backbone"), dict) else {}
     config = r.get("config") if isinstance(r.get("config"), dict) else {}
     parts = Path(path).parts
-    source = _first(r.get("source"), "probe" if backbone or "probe" in parts[-5:-2] else "analysis")
+    folder = parts[-4] if len(parts) >= 4 else ""  # runs/<variant>/<probe|analysis>/<task>/version_N/
+    source = folder if folder in ("probe", "analysis") else ("probe" if "checkpoint_sha256" in backbone else "analysis")
     task = str(_first(r.get("task"), parts[-3] if len(parts) >= 3 else ""))
-    sha = _first(r.get("ckpt_sha256"), backbone.get("checkpoint_sha256"), r.get("checkpoint_sha256"))
-    data = str(_first(config.get("data"), r.get("data"), "demo"))
+    sha = _first(backbone.get("sha256"), r.get("ckpt_sha256"), backbone.get("checkpoint_sha256"))  # new, legacy
+    data = str(_first(r.get("data"), config.get("data"), "demo"))
     return Result(Path(path), task, str(source), sha, data, r["metrics"], r)

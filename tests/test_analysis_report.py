@@ -8,19 +8,19 @@ import pytest
 from analysis import report
 
 
+def result(task, metrics, created="2026-01-01T00:00:00+00:00", data="demo", sha="a" * 64, variant=None):
+    """A results.json in the one schema (tokenmix/results.py), written out by hand."""
+    return {"task": task, "variant": variant, "data": data, "metrics": metrics, "config": {}, "created": created,
+            "host": "h", "backbone": {"source": "checkpoint", "config": {}, "checkpoint": "x.ckpt", "sha256": sha}}
+
+
+probe = analysis = result
+
+
 def put(runs: Path, variant: str, kind: str, task: str, version: int, payload: dict) -> None:
     d = runs / variant / kind / task / f"version_{version}"
     d.mkdir(parents=True)
-    (d / "results.json").write_text(json.dumps(payload))
-
-
-def probe(task, metrics, created="2026-01-01T00:00:00+00:00", data="demo", sha="a" * 64):
-    return {"task": task, "metrics": metrics, "config": {"data": data}, "created": created,
-            "backbone": {"checkpoint_sha256": sha}}
-
-
-def analysis(task, metrics, created="2026-01-01T00:00:00+00:00", data="demo", sha="a" * 64):
-    return {"task": task, "metrics": metrics, "data": data, "created": created, "ckpt_sha256": sha}
+    (d / "results.json").write_text(json.dumps({**payload, "variant": payload["variant"] or variant}))
 
 
 @pytest.fixture
@@ -45,6 +45,11 @@ def runs(tmp_path):
     # a real-data run of the same variant is its own row
     put(r, "softmax", "analysis", "pib", 1, analysis("pib", {"pib": 44.0, "pib_per_layer": [40, 44]},
                                                      data="imagenet"))
+    # a file of the old probe schema (no variant/data/host, backbone.checkpoint_sha256) is not read
+    (r / "old" / "probe" / "knn" / "version_0").mkdir(parents=True)
+    (r / "old" / "probe" / "knn" / "version_0" / "results.json").write_text(json.dumps(
+        {"task": "knn", "metrics": {"top1": {"20": 99.0}}, "config": {"data": "demo"}, "created": "2026",
+         "backbone": {"checkpoint_sha256": "c" * 64}}))
     (r / "broken" / "probe" / "knn" / "version_0").mkdir(parents=True)
     (r / "broken" / "probe" / "knn" / "version_0" / "results.json").write_text("{not json")
     return r
@@ -75,7 +80,7 @@ def test_report_table_csv_and_plots(runs, tmp_path):
     assert "| entmax [demo data] (2 checkpoints, see Sources) | not run | 55.50 (+3.50) | 20.00 (+2.50) |" in md
     assert ent["checkpoints_sha256"] == "a" * 64 + " " + "b" * 64 and soft["checkpoints_sha256"] == "a" * 64
     assert "(checkpoint bbbbbbbbbbbb)" in md
-    assert "not run" in md and "*paper: CLS baseline" in md
+    assert "not run" in md and "*paper: CLS baseline" in md and not any(k.startswith("old") for k in rows)
     for png in ("pib_per_layer.png", "probe_per_layer_voc.png", "high_norm_share_per_layer.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG" and png in md
 
@@ -85,3 +90,15 @@ def test_report_without_runs_says_not_run(tmp_path):
     report.main(["--runs", str(tmp_path / "nothing"), "--out", str(out)])
     rows = list(csv.DictReader(open(out / "report.csv")))
     assert rows and all(r["kind"] == "paper" for r in rows)  # only the reference rows, nothing made up
+
+
+def test_report_variants_filter_and_depth_columns(runs, tmp_path, capsys):
+    """The former probes.compare table: chosen rows, the depth probe's RMSE and δ1."""
+    put(runs, "pixels", "probe", "nyuv2", 0, probe("nyuv2", {"rmse": 0.9, "d1": 0.25}, sha=None))
+    out = tmp_path / "r"
+    report.main(["--runs", str(runs), "--out", str(out), "--variants", "entmax", "pixels"])
+    rows = {r["row"]: r for r in csv.DictReader(open(out / "report.csv")) if r["kind"] == "measured"}
+    assert set(rows) == {"entmax [demo data]", "pixels [demo data]"}
+    assert float(rows["pixels [demo data]"]["nyuv2_d1"]) == 0.25 and rows["entmax [demo data]"]["nyuv2_d1"] == "not run"
+    assert rows["pixels [demo data]"]["checkpoints_sha256"] == ""  # a baseline: no checkpoint
+    assert "not the results schema" in capsys.readouterr().err

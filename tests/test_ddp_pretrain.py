@@ -66,7 +66,7 @@ def test_two_processes_end_to_end_with_knn_summary_and_head_batchnorm(tmp_path):
     logdir = ck_path.parents[1]
     assert sorted(p.name for p in logdir.parent.iterdir()) == ["version_0"]  # one run folder
     assert len(list(logdir.glob("events.out.tfevents.*"))) == 1  # TensorBoard from rank 0 only
-    summary = json.loads((logdir / "summary.json").read_text())
+    summary = json.loads((logdir / "summary.json").read_text())["metrics"]
     assert summary["steps"] == 6 and summary["knn_top1"] is not None and summary["knn_top1_random_init"] is not None
     ck = torch.load(ck_path, weights_only=True)
     assert ck["global_step"] == 6

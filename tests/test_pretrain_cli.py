@@ -52,7 +52,10 @@ def test_tensorboard_has_scalar_and_image_tags(entmax_run):
     temps = [e.value for e in ea.Scalars("train/teacher_temp")]
     assert temps[0] == pytest.approx(0.04) and temps[-1] == pytest.approx(0.07)  # 1 warm-up epoch -> 0.07
     assert len(ea.Scalars("train/loss")) == 6
-    summary = json.loads((logdir / "summary.json").read_text())
+    payload = json.loads((logdir / "summary.json").read_text())  # the one results schema (tokenmix/results.py)
+    assert payload["task"] == "pretrain" and payload["config"]["objective"] == "dino" and payload["data"] == "demo"
+    assert payload["backbone"]["checkpoint"] == str(logdir / "checkpoints" / "last.ckpt")
+    summary = payload["metrics"]
     assert summary["steps"] == 6 and summary["knn_top1"] is not None and summary["collapse_healthy"] in (True, False)
     assert summary["knn_gain"] == pytest.approx(summary["knn_top1"] - summary["knn_top1_random_init"])
 

@@ -161,8 +161,8 @@ def test_checkpoint_hash_and_reruns_never_mix(demo, runs, tmp_path):
     p2, r2 = _run(runs, "--ckpt", str(ckpts[1]), *common)
     assert p1.parent != p2.parent and p1.parent.parent == p2.parent.parent   # runs/entmax/probe/knn/version_{0,1}
     assert p1.parents[3].name == "entmax"
-    assert r1["backbone"]["checkpoint_sha256"] == hashlib.sha256(ckpts[0].read_bytes()).hexdigest()
-    assert r2["backbone"]["checkpoint_sha256"] == hashlib.sha256(ckpts[1].read_bytes()).hexdigest()
+    assert r1["backbone"]["sha256"] == hashlib.sha256(ckpts[0].read_bytes()).hexdigest()
+    assert r2["backbone"]["sha256"] == hashlib.sha256(ckpts[1].read_bytes()).hexdigest()
     assert json.loads(p1.read_text()) == r1                                    # the first run is untouched
 
 
@@ -195,11 +195,13 @@ def test_clear_errors(runs, tmp_path):
 
 
 def test_version_dirs_and_config_file(tmp_path):
-    from probes.run import claim_version_dir, parse_args
+    from probes.run import parse_args
+    from tokenmix.paths import claim_version_dir
     root = tmp_path / "knn"
     (root / "version_0").mkdir(parents=True)
     (root / "version_3").mkdir()
-    assert claim_version_dir(root) == "version_4" and claim_version_dir(root) == "version_5"
+    (root / "version_x").mkdir()
+    assert claim_version_dir(root).name == "version_4" and claim_version_dir(root).name == "version_5"
     cfg = tmp_path / "c.yaml"
     cfg.write_text("batch_size: 7\ntasks:\n  voc:\n    max_epochs: 3\n  knn:\n    max_epochs: 9\n")
     a = parse_args(["--task", "voc", "--config", str(cfg)])

@@ -34,7 +34,7 @@ def test_study_runs_resumes_and_reports(tmp_path):
     results = sorted((tmp_path / "study").glob("seed*/softmax/probe/knn/version_*/results.json"))
     assert len(results) == 2
     payloads = [json.loads(p.read_text()) for p in results]
-    shas = {p["backbone"]["checkpoint_sha256"] for p in payloads}
+    shas = {p["backbone"]["sha256"] for p in payloads}
     assert len(shas) == 2
     cks = sorted((tmp_path / "study").glob("seed*/softmax/pretrain/tiny/study-*/checkpoints/last.ckpt"))
     assert len(cks) == 2

@@ -10,6 +10,7 @@ import pytest
 
 import study.local
 from study.__main__ import main
+from tokenmix.results import backbone_entry, results_payload
 
 # k-NN top-1 / mIoU / PiB each variant's seed yields (independent of the code under test)
 KNN = {("softmax", 0): 80.0, ("softmax", 1): 82.0, ("entmax", 0): 85.0, ("entmax", 1): 89.0}
@@ -60,12 +61,13 @@ class FakeCLIs:
             if module == "probes.run":
                 out = _next_version(Path(_flag(cmd, "--runs-dir")) / variant / "probe" / task)
                 metrics = {"top1": {"10": 0.0, "20": KNN[key]}} if task == "knn" else {"mIoU": VOC[key]}
-                body = {"task": task, "metrics": metrics, "backbone": {"checkpoint_sha256": sha},
-                        "config": {"data": "demo_cls", "seed": int(_flag(cmd, "--seed"))}}
-            else:  # analysis.run: no --runs-dir, it writes under $TOKENMIX_RUNS, top-level ckpt_sha256 + data
+                body = results_payload(task=task, variant=variant, data="demo", metrics=metrics,
+                                       backbone=backbone_entry({}, str(ckpt), sha),
+                                       config={"dataset": "demo_cls", "seed": int(_flag(cmd, "--seed"))})
+            else:  # analysis.run: no --runs-dir, it writes under $TOKENMIX_RUNS
                 out = _next_version(Path(env["TOKENMIX_RUNS"]) / variant / "analysis" / task)
-                body = {"task": task, "variant": variant, "ckpt_sha256": sha, "data": "demo",
-                        "metrics": {"pib": PIB[key], "n_images": 100}}
+                body = results_payload(task=task, variant=variant, data="demo", backbone=backbone_entry({}, str(ckpt),
+                                       sha), metrics={"pib": PIB[key], "n_images": 100}, config={})
             (out / "results.json").write_text(json.dumps(body))
         self.returncode = rc
         return self
@@ -198,3 +200,22 @@ def test_bad_input_fails_fast_with_the_valid_names(tmp_path, capsys):
     assert main(_argv(tmp_path, "s", "--seeds", "x")) == 2
     assert main(_argv(tmp_path, "s", "--preset", "nosuch")) == 2
     assert "unknown preset 'nosuch'" in capsys.readouterr().err
+
+
+def test_read_result_schema_and_legacy_files(tmp_path):
+    """The one schema is read; files from before it (a study begun earlier) keep their sha256 and data."""
+    from study.results import read_result
+    from tokenmix.results import write_results
+    new = tmp_path / "runs" / "softmax" / "analysis" / "pib" / "version_0"
+    new.mkdir(parents=True)
+    write_results(new, task="pib", variant="softmax", data="voc", metrics={"pib": 1.0}, config={},
+                  backbone=backbone_entry({}, "c.ckpt", "a" * 64))
+    r = read_result(new / "results.json")
+    assert (r.task, r.source, r.checkpoint_sha256, r.data) == ("pib", "analysis", "a" * 64, "voc")
+    old_probe = tmp_path / "old_probe.json"
+    old_probe.write_text(json.dumps({"task": "knn", "metrics": {}, "backbone": {"checkpoint_sha256": "b" * 64},
+                                     "config": {"data": "demo"}}))
+    old_analysis = tmp_path / "old_analysis.json"
+    old_analysis.write_text(json.dumps({"task": "pib", "metrics": {}, "ckpt_sha256": "c" * 64, "data": "voc"}))
+    assert (read_result(old_probe).source, read_result(old_probe).checkpoint_sha256) == ("probe", "b" * 64)
+    assert (read_result(old_analysis).source, read_result(old_analysis).data) == ("analysis", "voc")

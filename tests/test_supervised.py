@@ -117,16 +117,15 @@ def test_vote_box_stats_hand_worked():
 
 
 def test_report_has_supervised_rows_and_lastvit_reference(tmp_path):
-    import json
-
     from analysis.report_supervised import supervised_section
+    from tokenmix.results import write_summary
     run = tmp_path / "lastvit" / "pretrain" / "supervised_demo" / "version_0"
     run.mkdir(parents=True)
-    (run / "summary.json").write_text(json.dumps({"objective": "supervised", "data": "demo", "val_top1": 91.25,
-                                                  "val_top5": 100.0, "val_top1_random_init": 12.5, "steps": 300}))
-    dino = tmp_path / "softmax" / "pretrain" / "demo" / "version_0"
+    write_summary(run, objective="supervised", variant="lastvit", data="demo", backbone_config={"arch": "a"},
+                  metrics={"val_top1": 91.25, "val_top5": 100.0, "val_top1_random_init": 12.5, "steps": 300})
+    dino = tmp_path / "softmax" / "pretrain" / "supervised_x" / "version_0"
     dino.mkdir(parents=True)
-    (dino / "summary.json").write_text(json.dumps({"knn_top1": 80.0}))
+    write_summary(dino, objective="dino", variant="softmax", data="demo", backbone_config={}, metrics={"knn_top1": 80.0})
     text = "\n".join(supervised_section(tmp_path))
     assert "| lastvit [demo] | 91.25 | 100.00 | 12.50 | 300 | not run |" in text
     assert "softmax" not in text.split("| run |")[1].split("*paper")[0]  # DINO runs are not supervised rows

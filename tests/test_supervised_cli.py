@@ -51,8 +51,11 @@ def lastvit_run(tmp_path_factory):
 def test_summary_tensorboard_and_checkpoint(lastvit_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     _, _, run = lastvit_run
-    s = json.loads((run / "summary.json").read_text())
-    assert s["objective"] == "supervised" and s["steps"] == 6 and s["data"] == "demo"
+    payload = json.loads((run / "summary.json").read_text())
+    assert payload["config"]["objective"] == "supervised" and payload["data"] == "demo"
+    assert payload["variant"] == "lastvit" and payload["backbone"]["config"]["variant"] == "lastvit"
+    s = payload["metrics"]
+    assert s["steps"] == 6
     for k in ("val_top1", "val_top5", "val_top1_random_init", "loss_start", "loss_end"):
         assert isinstance(s[k], float), k
     ev = EventAccumulator(str(run), size_guidance={"images": 0, "scalars": 0}).Reload()
@@ -95,7 +98,7 @@ def test_resume_continues_and_dino_checkpoint_is_refused(lastvit_run, tmp_path, 
     rc = supervised.main(["--variant", "lastvit", "--preset", str(tmp / "supervised_tiny.yaml"), "--runs-dir",
                           str(runs), "--resume", "1"])
     assert rc == 0
-    s = json.loads((run / "summary.json").read_text())
+    s = json.loads((run / "summary.json").read_text())["metrics"]
     assert s["steps"] == 9 and s["val_top1_random_init"] is not None  # random-init figure kept from the first run
     dino = tmp_path / "dino.ckpt"
     torch.save({"state_dict": {"student.backbone.x": torch.zeros(1)}, "tokenmix": {"kind": "dino_pretrain"}}, dino)
@@ -138,5 +141,5 @@ def test_two_process_ddp_on_cpu(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
     assert p.returncode == 0, p.stderr[-3000:]
-    s = json.loads((runs / "softmax" / "pretrain" / "supervised_tiny" / "version_0" / "summary.json").read_text())
+    s = json.loads((runs / "softmax" / "pretrain" / "supervised_tiny" / "version_0" / "summary.json").read_text())["metrics"]
     assert s["steps"] == 3 and isinstance(s["val_top1"], float) and isinstance(s["val_top1_random_init"], float)

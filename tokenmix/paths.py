@@ -1,12 +1,20 @@
-"""Where runs live: ``runs/<variant>/<kind>/...`` (TensorBoard: ``make tensorboard``)."""
+"""Where runs live: ``runs/<variant>/<kind>/...`` (TensorBoard: ``make tensorboard``), the newest pretraining
+checkpoint of a variant and claiming a fresh ``version_N`` folder.
+
+    >>> from tokenmix.paths import claim_version_dir
+    >>> claim_version_dir(RUNS / "softmax" / "probe" / "voc")  # doctest: +SKIP
+    PosixPath('.../runs/softmax/probe/voc/version_3')
+"""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = Path(os.environ.get("TOKENMIX_RUNS", REPO / "runs"))
 DEMO_ROOT = Path(os.environ.get("TOKENMIX_DEMO_ROOT", REPO / "data" / "demo"))
+VERSION_ENV = "TOKENMIX_RUN_VERSION"  # the version folder rank 0 claimed, inherited by the DDP processes
 
 
 def pretrain_dir(variant: str) -> Path:
@@ -22,3 +30,38 @@ def latest_pretrain_checkpoint(variant: str) -> Path:
             f"no pretraining checkpoint for variant '{variant}' under {root} (looked for **/last.ckpt). "
             f"Run `make pretrain VARIANT={variant}` first, or pass CKPT=<path>.")
     return found[-1]
+
+
+def claim_version_dir(root: Path) -> Path:
+    """Create the next free ``version_N`` under ``root`` atomically (mkdir fails if another run took it), so
+    each run, even concurrent ones, owns a fresh folder and results never mix."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    taken = [int(m.group(1)) for p in root.iterdir() if (m := re.fullmatch(r"version_(\d+)", p.name))]
+    n = max(taken, default=-1) + 1
+    while True:
+        try:
+            (root / f"version_{n}").mkdir()
+            return root / f"version_{n}"
+        except FileExistsError:
+            n += 1
+
+
+def run_version(root: Path, spawns: bool) -> str:
+    """This run's ``version_N`` under ``root``: claimed by rank 0 (the launching process) and handed to the
+    processes Lightning starts through the environment (``spawns``: more than one process). Other ranks
+    started by a cluster launcher (srun, torchrun) claim nothing: they get ``version_rank<r>``, never written.
+    Call :func:`release_version` when the run is over so a next run in this process claims its own folder."""
+    from .launch import global_rank
+    if os.environ.get(VERSION_ENV):
+        return os.environ[VERSION_ENV]
+    if global_rank() != 0:
+        return f"version_rank{global_rank()}"
+    version = claim_version_dir(root).name
+    if spawns:
+        os.environ[VERSION_ENV] = version  # inherited by the processes the DDP launcher starts
+    return version
+
+
+def release_version() -> None:
+    os.environ.pop(VERSION_ENV, None)

@@ -1,0 +1,231 @@
+"""How each kind of probe runs: one ``ProbeKind`` per ``tasks.Kind`` in ``KINDS`` (its features, default epochs
+and batch size, how it runs, its summary line), in the style of dinov2's eval registries.
+
+    >>> from probes.kinds import KINDS
+    >>> from probes.tasks import Kind
+    >>> KINDS[Kind.SEG].epochs, KINDS[Kind.SEG].batch_size
+    (40, 16)
+    >>> KINDS[Kind.SEG].summary({"mIoU": 41.2, "aAcc": 80.0})
+    'mIoU 41.20, aAcc 80.00'
+
+``run(ctx, spec, logger)`` returns the metrics of one probe on one block selection; the trained kinds also save
+the head as ``head_<key>.pt`` in the run folder.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from torch.utils.data import Dataset, Subset
+
+from tokenmix.knn import knn_top1_topk
+from tokenmix.launch import ddp_strategy, global_rank, wants_sync_batchnorm
+
+from .backbone import BackboneInfo
+from .data import ProbeDataset, collate
+from .features import FeatureSpec, FrozenFeatures, extraction_module
+from .tasks import Kind, TaskSpec
+
+
+@dataclass
+class ProbeContext:
+    """Everything one probe run reads: the flags, the task, the backbone and the two (possibly subset) splits."""
+    args: argparse.Namespace
+    task: TaskSpec
+    info: BackboneInfo
+    train: Dataset
+    val: Dataset
+    size: tuple[int, int]
+    dataset: str  # resolved dataset name (demo_voc, voc, ...)
+    root: Path
+    log_dir: Optional[Path] = None
+
+    @property
+    def patch_size(self) -> int:
+        return getattr(self.info.model, "patch_size", 16)
+
+    @property
+    def depth(self) -> int:
+        return int(getattr(self.info.model, "depth", 1))
+
+
+def make_trainer(args, **kw):
+    """A Lightning Trainer on ``--accelerator`` x ``--devices`` x ``--num-nodes`` (DDP with a process-group
+    timeout when more than one process); our modules shard their own data (use_distributed_sampler=False)."""
+    import lightning as L
+    strategy = ddp_strategy("auto", args.accelerator, args.devices, args.num_nodes, args.dist_timeout)
+    return L.Trainer(accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes,
+                     strategy=strategy, use_distributed_sampler=False,
+                     sync_batchnorm=wants_sync_batchnorm(strategy, args.accelerator, "the probe head's BatchNorm"),
+                     enable_model_summary=False, enable_progress_bar=args.progress, **kw)
+
+
+def _base(ds):
+    return ds.dataset if isinstance(ds, Subset) else ds
+
+
+def num_classes(ds, task: TaskSpec) -> int:
+    base = _base(ds)
+    if getattr(base, "classes", None):
+        return len(base.classes)
+    labels = [int(base[i]["label"]) for i in range(len(base))]  # small datasets without a class list
+    return max(labels) + 1 if labels else task.num_classes
+
+
+def seg_num_classes(ctx: ProbeContext) -> int:
+    """The demo VOC layout has 9 classes (background + 8 shapes; data/demo/classes.json), not VOC's 21."""
+    meta = ctx.root / "classes.json"
+    if ctx.dataset.startswith("demo_") and meta.is_file():
+        return int(json.loads(meta.read_text())["num_classes"]["segmentation"])
+    base = _base(ctx.val)
+    return len(base.classes) if getattr(base, "classes", None) else ctx.task.num_classes
+
+
+# --------------------------------------------------------------------------- k-NN (no training)
+
+def _device(accelerator: str) -> torch.device:
+    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def extract_all(args, features: FrozenFeatures, datasets, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(features, labels) of each dataset, sharded over the processes and gathered on every rank."""
+    module = extraction_module(features, datasets, batch_size, args.num_workers, collate)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(module\\(s\\) in eval mode|does not have many workers).*")
+        make_trainer(args, logger=False, enable_checkpointing=False).predict(module, return_predictions=False)
+    return module.results
+
+
+def run_knn(ctx: ProbeContext, spec: FeatureSpec, logger) -> dict[str, Any]:
+    """DINO eval_knn: Resize 256 + CenterCrop 224 for both splits, weighted k-NN vote at temperature T."""
+    args, t0 = ctx.args, time.perf_counter()
+    views = [ProbeDataset(ds, ctx.size, "cls_val", ctx.patch_size) for ds in (ctx.train, ctx.val)]
+    (ftr, ytr), (fva, yva) = extract_all(args, FrozenFeatures(ctx.info.model, spec), views, args.batch_size or 64)
+    if global_rank() != 0:  # every rank took part in the extraction; rank 0 votes and reports
+        return {}
+    ks = [int(k) for k in str(args.knn_k).split(",") if k.strip()]
+    if _device(args.accelerator).type == "cuda":  # similarity matrix on the GPU (DINO keeps the features there)
+        ftr, fva = ftr.cuda(), fva.cuda()
+    res = knn_top1_topk(ftr, ytr, fva, yva, num_classes(ctx.train, ctx.task), ks=ks, T=args.knn_t)
+    if logger is not None:
+        for k, v in res.items():
+            logger.experiment.add_scalar(f"knn/top1_k{k}", v["top1"], 0)
+        logger.experiment.flush()
+    return {"top1": {k: v["top1"] for k, v in res.items()}, "top5": {k: v["top5"] for k, v in res.items()},
+            "num_train": len(ytr), "num_val": len(yva), "seconds": time.perf_counter() - t0}
+
+
+# --------------------------------------------------------------------------- trained heads
+
+def _common(ctx: ProbeContext, kind: "ProbeKind") -> dict[str, Any]:
+    a = ctx.args
+    return dict(batch_size=a.batch_size or kind.batch_size, num_workers=a.num_workers,
+                cache_dtype=torch.float16 if a.cache_fp16 else torch.float32)
+
+
+def build_linear(ctx: ProbeContext, features: FrozenFeatures, kw: dict):
+    from .module_linear import LinearClassificationProbe
+    aug = not ctx.args.no_aug
+    train = ProbeDataset(ctx.train, ctx.size, "cls_train" if aug else "cls_val", ctx.patch_size)
+    val = ProbeDataset(ctx.val, ctx.size, "cls_val", ctx.patch_size)
+    return LinearClassificationProbe(features, train, val, num_classes(ctx.train, ctx.task), lr=ctx.args.lr,
+                                     cache=not aug and not ctx.args.no_cache, **kw)
+
+
+def _dense_views(ctx: ProbeContext):
+    return (ProbeDataset(ctx.train, ctx.size, "dense_train", ctx.patch_size),
+            ProbeDataset(ctx.val, ctx.size, "dense_val", ctx.patch_size))
+
+
+def build_seg(ctx: ProbeContext, features: FrozenFeatures, kw: dict):
+    from .module_seg import SegmentationProbe
+    lr = {"lr": ctx.args.lr} if ctx.args.lr else {}
+    return SegmentationProbe(features, *_dense_views(ctx), seg_num_classes(ctx), cache=not ctx.args.no_cache,
+                             **lr, **kw)
+
+
+def build_depth(ctx: ProbeContext, features: FrozenFeatures, kw: dict):
+    from .module_depth import DepthProbe
+    from .tasks import depth_eval_settings
+    a = ctx.args
+    lo, hi, crop, clip = depth_eval_settings(ctx.dataset)
+    return DepthProbe(features, *_dense_views(ctx), min_depth=lo, max_depth=hi, crop=crop, clip=clip,
+                      classify=a.depth_head == "bins", norm=a.bin_norm, cache=not a.no_cache,
+                      **({"lr": a.lr} if a.lr else {}), **kw)
+
+
+def train_head(ctx: ProbeContext, spec: FeatureSpec, logger, *, kind: "ProbeKind", key: str) -> dict[str, Any]:
+    """Build the kind's probe on frozen features, fit it for --max-epochs (default: the kind's) and save the head."""
+    module = kind.build(ctx, FrozenFeatures(ctx.info.model, spec), _common(ctx, kind))
+    trainer = make_trainer(ctx.args, max_epochs=ctx.args.max_epochs or kind.epochs, logger=logger,
+                           enable_checkpointing=False, num_sanity_val_steps=0, log_every_n_steps=1,
+                           reload_dataloaders_every_n_epochs=1)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():  # the frozen backbone is in eval mode on purpose
+        warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode.*")
+        trainer.fit(module)
+    metrics = {**module.last_metrics, "history": module.history, "seconds": time.perf_counter() - t0}
+    if global_rank() == 0 and ctx.log_dir is not None:
+        from tokenmix.io import atomic_torch_save
+        atomic_torch_save(module.head.state_dict(), ctx.log_dir / f"head_{key}.pt")
+    return metrics
+
+
+# --------------------------------------------------------------------------- features and summaries
+
+def cls_spec(args, depth: int, blocks, n_last: int = 1) -> FeatureSpec:
+    return FeatureSpec(kind="cls", n_last_blocks=min(n_last, depth), blocks=blocks)
+
+
+def dense_spec(args, depth: int, blocks, cls_default: bool = False) -> FeatureSpec:
+    with_cls = args.with_cls if args.with_cls is not None else cls_default
+    n_last = 4 if args.head == "linear4" else 1
+    return FeatureSpec(kind="dense", n_last_blocks=min(n_last, depth), blocks=blocks, with_cls=with_cls)
+
+
+def _knn_line(m: dict) -> str:
+    return "k-NN top-1 " + ", ".join(f"k={k}: {v:.2f}" for k, v in m["top1"].items())
+
+
+@dataclass(frozen=True)
+class ProbeKind:
+    kind: Kind
+    features: Callable[..., FeatureSpec]  # (args, backbone depth, blocks) -> what the probe reads
+    summary: Callable[[dict], str]        # one result -> the line printed at the end
+    epochs: int = 0                       # default --max-epochs (0: nothing is trained)
+    batch_size: int = 64                  # default --batch-size (per device)
+    build: Optional[Callable] = None      # (ctx, FrozenFeatures, common kwargs) -> LightningModule
+
+    def run(self, ctx: ProbeContext, spec: FeatureSpec, logger, key: str = "default") -> dict[str, Any]:
+        if self.build is None:
+            return run_knn(ctx, spec, logger)
+        return train_head(ctx, spec, logger, kind=self, key=key)
+
+
+KINDS: dict[Kind, ProbeKind] = {k.kind: k for k in [
+    ProbeKind(Kind.KNN, cls_spec, _knn_line),  # DINO eval_knn: last-block [CLS]
+    ProbeKind(Kind.LINEAR, partial(cls_spec, n_last=4), lambda m: f"best top-1 {m['best_top1']:.2f}",
+              epochs=100, batch_size=256, build=build_linear),  # DINO eval_linear: [CLS] of the last 4 blocks
+    ProbeKind(Kind.SEG, dense_spec, lambda m: f"mIoU {m['mIoU']:.2f}, aAcc {m['aAcc']:.2f}",
+              epochs=40, batch_size=16, build=build_seg),
+    ProbeKind(Kind.DEPTH, partial(dense_spec, cls_default=True),  # DINOv2 depth: patch tokens + [CLS]
+              lambda m: f"RMSE {m['rmse']:.4f}, AbsRel {m['abs_rel']:.4f}, d1 {m['d1']:.4f}",
+              epochs=40, batch_size=16, build=build_depth),
+]}
+
+
+def summary(kind: Kind, metrics: dict) -> str:
+    """The printed line of a probe run (a layer sweep: one part per block)."""
+    line = KINDS[kind].summary
+    if "layers" in metrics:
+        return "; ".join(f"{k}: {line(v)}" for k, v in metrics["layers"].items())
+    return line(metrics)

@@ -1,0 +1,65 @@
+"""The flags every evaluation CLI shares (``make probe``, ``make analyze``), as one argparse parent parser, the
+way dinov2's eval scripts share ``get_args_parser``:
+
+    >>> import argparse
+    >>> from tokenmix.cli import eval_parent_parser, finish_eval_args
+    >>> p = argparse.ArgumentParser(parents=[eval_parent_parser()])
+    >>> args = finish_eval_args(p.parse_args(["--ckpt", "random"]))
+    >>> args.variant, args.arch, args.num_nodes
+    ('softmax', 'vit_demo_patch8', 1)
+
+Which backbone those flags name is ``probes.backbone.resolve_backbone``'s job.
+"""
+from __future__ import annotations
+
+import argparse
+
+from .launch import DEFAULT_TIMEOUT_MIN, cluster_num_nodes, refuse_unlaunched_multinode
+
+DEMO_ARCH = "vit_demo_patch8"
+REAL_ARCH = "vit_small_patch16"
+
+
+def eval_parent_parser() -> argparse.ArgumentParser:
+    """Backbone (--variant/--ckpt/--which/--arch), data (--data/--data-root) and launch (--devices/--num-nodes/
+    --dist-timeout) flags; pass as ``parents=[eval_parent_parser()]``."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("backbone and data (shared by every eval CLI)")
+    g.add_argument("--variant", default="softmax", help="variant whose latest pretraining checkpoint is used "
+                   "when --ckpt is empty; also the variant of --ckpt random")
+    g.add_argument("--ckpt", default="", help="checkpoint file (tokenmix .ckpt or official DINO .pth), or the "
+                   "baselines 'random' (untrained ViT) / 'pixels' (raw patches); '' = latest pretraining run of "
+                   "--variant")
+    g.add_argument("--which", choices=("teacher", "student"), default="teacher",
+                   help="which network of a DINO checkpoint")
+    g.add_argument("--arch", default=None, help=f"arch of --ckpt random (default: {DEMO_ARCH} on demo data, "
+                   f"{REAL_ARCH} otherwise)")
+    g.add_argument("--data", default="demo", help="'demo' (generated data) or the dataset name (with --data-root)")
+    g.add_argument("--data-root", default="", help="folder of the real dataset")
+    g = p.add_argument_group("processes (Lightning DDP)")
+    g.add_argument("--devices", default="1", help="devices per node ('auto' = all present)")
+    g.add_argument("--num-nodes", type=int, default=None, help="default: from SLURM / torchrun, else 1")
+    g.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_MIN,
+                   help="minutes DDP waits for the other processes")
+    return p
+
+
+def is_demo(data: str) -> bool:
+    return (data or "demo").strip() == "demo"
+
+
+def finish_eval_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Defaults that depend on other flags, and the checks the launching process makes before any spawn:
+    '' variant -> softmax, --arch by data, --num-nodes from the cluster, a multi-node run without a launcher
+    and a malformed --devices refused."""
+    args.variant = (args.variant or "softmax").strip()
+    args.ckpt = (args.ckpt or "").strip()
+    args.data = (args.data or "demo").strip()
+    args.arch = args.arch or (DEMO_ARCH if is_demo(args.data) else REAL_ARCH)
+    if args.num_nodes is None:
+        args.num_nodes = cluster_num_nodes() or 1
+    refuse_unlaunched_multinode(args.num_nodes)
+    devices = str(args.devices).strip()
+    if devices not in ("auto", "-1") and not devices.replace(",", "").isdigit():
+        raise ValueError(f"--devices {args.devices!r}: expected a number, a list like '0,1', or 'auto'")
+    return args

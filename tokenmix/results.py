@@ -1,0 +1,85 @@
+"""The one results schema: every probe, analysis and pretraining run writes a JSON file with the same top-level
+keys (``KEYS``); what is particular to one task lives under those keys.
+
+    >>> from tokenmix.results import backbone_entry, write_results
+    >>> write_results("runs/softmax/probe/voc/version_0", task="voc", variant="softmax", data="demo",
+    ...               backbone=backbone_entry({"arch": "vit_demo_patch8"}, "last.ckpt", "3f0c..."),
+    ...               metrics={"mIoU": 41.2}, config={"lr": 0.001})  # doctest: +SKIP
+
+- ``task``: probe task (knn, voc, ...), analysis (pib, pca, ...) or ``pretrain`` / ``supervised``;
+- ``variant``: the run folder under runs/ (the variant, ``<variant>_random``, ``pixels`` or ``--name``): the
+  report's row;
+- ``data``: ``demo`` or the dataset name as passed to ``--data`` (the resolved dataset, root and split: ``config``);
+- ``backbone``: ``{source, config, checkpoint, sha256}``; ``source`` is checkpoint | random | pixels | training;
+- ``metrics``: the numbers (probe layer sweeps: ``{"layers": {"block_k": {...}}}``; analyses also list their PNG
+  files under ``metrics["figures"]``);
+- ``config``: the run's settings; ``created`` (UTC, ISO 8601) and ``host``.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import platform
+from pathlib import Path
+from typing import Any, Optional
+
+from .io import atomic_json_dump
+
+KEYS = ("task", "variant", "data", "backbone", "metrics", "config", "created", "host")
+BACKBONE_KEYS = ("source", "config", "checkpoint", "sha256")
+
+
+def clean(x: Any) -> Any:
+    """JSON-safe: NaN/inf -> None, tensors -> numbers, tuples -> lists, int dict keys -> str, paths -> str."""
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    if isinstance(x, float):
+        return None if (math.isnan(x) or math.isinf(x)) else x
+    if isinstance(x, dict):
+        return {str(k): clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [clean(v) for v in x]
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def backbone_entry(config: dict, checkpoint: Optional[str] = None, sha256: Optional[str] = None,
+                   source: str = "checkpoint") -> dict[str, Any]:
+    """The ``backbone`` entry: its architecture config, the checkpoint file and that file's sha256 (both None
+    for the random / pixels baselines)."""
+    return {"source": source, "config": dict(config or {}), "checkpoint": None if checkpoint is None
+            else str(checkpoint), "sha256": sha256}
+
+
+def results_payload(*, task: str, variant: str, data: str, backbone: dict, metrics: dict,
+                    config: dict) -> dict[str, Any]:
+    """The schema's dict (JSON-safe), stamped with the time and host."""
+    missing = [k for k in BACKBONE_KEYS if k not in backbone]
+    if missing:
+        raise ValueError(f"backbone entry lacks {missing}; build it with tokenmix.results.backbone_entry")
+    return clean({"task": str(task), "variant": str(variant), "data": str(data or "demo"), "backbone": backbone,
+                  "metrics": metrics, "config": config,
+                  "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  "host": platform.node()})
+
+
+def write_results(log_dir: str | Path, *, name: str = "results.json", overwrite: bool = False,
+                  **fields: Any) -> Path:
+    """``results_payload(**fields)`` written atomically to ``log_dir/name``. A run folder belongs to one run, so
+    an existing file is an error unless ``overwrite`` (a resumed pretraining rewrites its summary)."""
+    path = Path(log_dir) / name
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} already exists; each run writes into a fresh version folder")
+    atomic_json_dump(results_payload(**fields), path)
+    return path
+
+
+def write_summary(log_dir: str | Path, *, objective: str, variant: str, data: Optional[str], backbone_config: dict,
+                  metrics: dict, config: Optional[dict] = None, checkpoint: Optional[str] = None) -> Path:
+    """A pretraining run's ``summary.json`` in the same schema: task ``pretrain``, ``config["objective"]`` dino or
+    supervised, ``backbone.source`` ``training`` and no sha256 (its last.ckpt is rewritten while the run goes on).
+    A resumed run rewrites the summary of its folder."""
+    return write_results(log_dir, name="summary.json", overwrite=True, task="pretrain", variant=variant, data=data,
+                         backbone=backbone_entry(backbone_config, checkpoint or None, None, "training"),
+                         metrics=metrics, config={"objective": objective, **(config or {})})
