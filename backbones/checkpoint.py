@@ -68,6 +68,22 @@ def read_entry(checkpoint: Mapping[str, Any], source: str = "checkpoint") -> tup
     return BackboneConfig.from_dict(entry["backbone"], source), {"kind": DINO, **entry}
 
 
+def check_resume_config(checkpoint: Mapping[str, Any], mine: BackboneConfig, kind: str) -> dict:
+    """The entry of the checkpoint a ``kind`` run building ``mine`` resumes from (Lightning's
+    ``on_load_checkpoint``); ``CheckpointError`` for another kind of run or another backbone config."""
+    config, entry = read_entry(checkpoint)
+    if entry["kind"] != kind:
+        raise CheckpointError(f"a {entry['kind']} checkpoint, not a {kind} one; RESUME continues runs of the same "
+                              "objective")
+    theirs, ours = config.to_dict(), mine.to_dict()
+    diff = [k for k in dict.fromkeys([*theirs, *ours]) if theirs.get(k) != ours.get(k)]
+    if diff:
+        raise CheckpointError("checkpoint was trained with " + ", ".join(f"{k}={theirs.get(k)!r}" for k in diff)
+                              + " but this run builds " + ", ".join(f"{k}={ours.get(k)!r}" for k in diff)
+                              + "; pass the matching VARIANT / preset")
+    return entry
+
+
 def validate_lightning(checkpoint: Any, source: str, kind: str = DINO) -> dict:
     """A complete tokenmix Lightning checkpoint of ``kind`` (what RESUME and ``make export`` accept)."""
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
@@ -188,6 +204,7 @@ class BackboneCheckpoint:
     config: BackboneConfig
     recorded: bool                  # config written in the file (or its export sidecar), not inferred from shapes
     entry: dict = field(default_factory=dict)   # checkpoint["tokenmix"] ({} for foreign files)
+    progress: dict = field(default_factory=dict)  # epoch / global_step / iteration where the file has them
 
     def build(self, strict: bool = True, **overrides: Any) -> TokenMixViT:
         """The recorded backbone with these weights; ``overrides``: config fields (``variant="lastvit"`` for weights
@@ -233,13 +250,15 @@ def read_checkpoint(path: str | Path, which: str = "teacher") -> BackboneCheckpo
     path = Path(path)
     data = read_file_bytes(path)
     sha256 = hashlib.sha256(data).hexdigest()
-    sd, entry = extract_backbone_state(safe_torch_load(data, name=str(path)), which, str(path))
+    obj = safe_torch_load(data, name=str(path))
     del data
+    sd, entry = extract_backbone_state(obj, which, str(path))
+    progress = {k: obj[k] for k in ("epoch", "global_step", "iteration") if isinstance(obj.get(k), int)}
     config = BackboneConfig.from_dict(entry["backbone"], str(path)) if entry else _sidecar_config(path, sha256)
     recorded = config is not None
     if config is None:
         config = BackboneConfig.from_dict(infer_config(sd), f"{path} (inferred from shapes)")
-    return BackboneCheckpoint(path, sha256, sd, config, recorded, entry)
+    return BackboneCheckpoint(path, sha256, sd, config, recorded, entry, progress)
 
 
 def load_checkpoint(model: TokenMixViT, path: str | Path, strict: bool = True, which: str = "teacher") -> dict:

@@ -33,7 +33,7 @@ SHAPE_FIELDS = ("img_size", "patch_size", "embed_dim", "depth", "num_heads")
 _SEQUENCES = ("spec_blocks", "spec_components", "spec_norm_blocks", "spec_qkv_blocks")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class BackboneConfig:
     """The ``create_vit`` arguments that decide a backbone's weights and forward (not runtime choices such as
     ``entmax_backend`` or training ones such as ``drop_path_rate``)."""
@@ -65,6 +65,9 @@ class BackboneConfig:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, tuple(value))
+
+    def __repr__(self) -> str:  # the set fields only
+        return f"BackboneConfig({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only (``torch.load(weights_only=True)`` and JSON read it): the set fields."""
