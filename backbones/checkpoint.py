@@ -1,32 +1,109 @@
-"""Load backbone weights from the three formats researchers have, always with ``weights_only=True``.
+"""The checkpoint format: the one module that knows how tokenmix and others lay checkpoints out.
 
-(a) an official DINO released backbone (``dino_deitsmall16_pretrain.pth``): a plain ViT state dict;
+Every file is read once (``read_checkpoint``): its bytes are hashed (sha256) and deserialised from memory with
+``torch.load(weights_only=True)``. Layouts, as timm keeps foreign layouts in one ``checkpoint_filter_fn``:
+(a) an official DINO released backbone (``dino_deitsmall16_pretrain.pth``), and this project's export of one (a
+    plain ViT state dict; ``make export`` puts the config in a ``<file>.json`` sidecar holding the file's sha256);
 (b) an official DINO training checkpoint (``main_dino.py``'s ``checkpoint.pth``, the released
     ``*_full_checkpoint.pth``): ``{"student", "teacher", "optimizer", "epoch", "args", "dino_loss"}``, the student
     under DDP (``module.backbone.*``), the teacher plain (``backbone.*``), ``head.*`` dropped; teacher by default, as
     DINO's evaluations do. ``args`` is an ``argparse.Namespace``, allowed by ``tokenmix.io.safe_torch_load``;
 (c) this project's Lightning checkpoints: ``state_dict`` keys ``teacher.backbone.*`` / ``student.backbone.*``
-    (label-supervised runs: ``backbone.*``, ``tokenmix.kind == "supervised"``) and
-    ``checkpoint["tokenmix"]["backbone"]`` = the config that rebuilds the backbone;
+    (label-supervised runs: ``backbone.*``, ``kind == "supervised"``) and ``checkpoint["tokenmix"]`` (``ENTRY``,
+    written by ``write_entry``) whose ``backbone`` is a ``BackboneConfig`` as a plain dict;
 (d) torchvision ``VisionTransformer`` weights, plain or in detectron2's layout
     ``{"model": {"model.<torchvision key>": ...}, "iteration": ...}`` (the LaSt-ViT release), mapped to
     timm keys by ``torchvision_vit_to_timm``.
 A classifier ``head.*`` is loaded only into a model built with ``num_classes``; a backbone without a head
 (probes, analyses) ignores it.
+
+    ck = read_checkpoint("runs/entmax/pretrain/demo/version_0/checkpoints/last.ckpt")
+    ck.sha256, ck.config          # hash of the bytes read, BackboneConfig (recorded, or inferred from shapes)
+    model = ck.build()            # = backbone_from_checkpoint(path)
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import torch
 
-from tokenmix.io import CheckpointError, safe_torch_load
+from tokenmix.io import CheckpointError, read_file_bytes, safe_torch_load
 
-from .variants import parse_variant
-from .vit import ARCHS, TokenMixViT, create_vit
+from .config import ARCHS, BackboneConfig
+from .vit import TokenMixViT
+
+ENTRY = "tokenmix"  # checkpoint[ENTRY]: what this project writes beside the weights
+DINO, SUPERVISED = "dino_pretrain", "supervised"
+# kind -> (prefix of the backbone in state_dict, prefixes a complete checkpoint of that kind has)
+LIGHTNING_LAYOUT = {
+    DINO: ("{which}.backbone.", ("student.backbone.", "student.head.", "teacher.backbone.", "teacher.head.")),
+    SUPERVISED: ("backbone.", ("backbone.", "backbone.head.")),
+}
+
+
+def write_entry(checkpoint: dict, config: BackboneConfig, kind: str, **extra: Any) -> dict:
+    """``checkpoint["tokenmix"]``: the backbone config (plain types, weights_only-loadable), its arch/variant (kept
+    at the top for older readers), the kind of run and ``extra`` (plain values)."""
+    if kind not in LIGHTNING_LAYOUT:
+        raise ValueError(f"kind must be one of {', '.join(LIGHTNING_LAYOUT)}, got {kind!r}")
+    checkpoint[ENTRY] = {"backbone": config.to_dict(), "variant": config.variant, "arch": config.arch,
+                         "kind": kind, **extra}
+    return checkpoint[ENTRY]
+
+
+def read_entry(checkpoint: Mapping[str, Any], source: str = "checkpoint") -> tuple[BackboneConfig, dict]:
+    """``(BackboneConfig, entry)`` of a tokenmix checkpoint; ``CheckpointError`` when it has no entry or a config
+    this version cannot build. Entries older than ``kind`` are DINO pretraining ones."""
+    entry = checkpoint.get(ENTRY) if isinstance(checkpoint, Mapping) else None
+    if not isinstance(entry, Mapping) or "backbone" not in entry:
+        raise CheckpointError(f"{source}: no '{ENTRY}' entry with the backbone config: not a checkpoint written by "
+                              "tokenmix. Official DINO and torchvision weights load with backbones.load_checkpoint / "
+                              "backbone_from_checkpoint on the weights file.")
+    return BackboneConfig.from_dict(entry["backbone"], source), {"kind": DINO, **entry}
+
+
+def check_resume_config(checkpoint: Mapping[str, Any], mine: BackboneConfig, kind: str) -> dict:
+    """The entry of the checkpoint a ``kind`` run building ``mine`` resumes from (Lightning's
+    ``on_load_checkpoint``); ``CheckpointError`` for another kind of run or another backbone config."""
+    config, entry = read_entry(checkpoint)
+    if entry["kind"] != kind:
+        raise CheckpointError(f"a {entry['kind']} checkpoint, not a {kind} one; RESUME continues runs of the same "
+                              "objective")
+    theirs, ours = config.to_dict(), mine.to_dict()
+    diff = [k for k in dict.fromkeys([*theirs, *ours]) if theirs.get(k) != ours.get(k)]
+    if diff:
+        raise CheckpointError("checkpoint was trained with " + ", ".join(f"{k}={theirs.get(k)!r}" for k in diff)
+                              + " but this run builds " + ", ".join(f"{k}={ours.get(k)!r}" for k in diff)
+                              + "; pass the matching VARIANT / preset")
+    return entry
+
+
+def validate_lightning(checkpoint: Any, source: str, kind: str = DINO) -> dict:
+    """A complete tokenmix Lightning checkpoint of ``kind`` (what RESUME and ``make export`` accept)."""
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CheckpointError(f"{source}: not a Lightning checkpoint (no 'state_dict'); RESUME expects a .ckpt "
+                              "written by `make pretrain` (e.g. runs/<variant>/pretrain/.../checkpoints/last.ckpt)")
+    if not isinstance(checkpoint.get(ENTRY), dict):
+        raise CheckpointError(f"{source}: a foreign Lightning checkpoint (no '{ENTRY}' entry); RESUME only continues "
+                              "tokenmix pretraining runs. To start from official DINO weights use "
+                              "backbones.load_checkpoint on the backbone instead.")
+    have, prefixes = checkpoint[ENTRY].get("kind", DINO), LIGHTNING_LAYOUT[kind][1]
+    if have != kind:
+        raise CheckpointError(f"{source}: a {have} checkpoint, not a {kind} one (which holds "
+                              f"{', '.join(p + '*' for p in prefixes)} tensors)")
+    keys = checkpoint["state_dict"].keys()
+    for prefix in prefixes:
+        if not any(k.startswith(prefix) for k in keys):
+            raise CheckpointError(f"{source}: no '{prefix}*' tensors in state_dict; the file is not a complete "
+                                  f"{kind} checkpoint")
+    read_entry(checkpoint, source)
+    return checkpoint
 
 
 def _strip(sd: Mapping[str, Any], prefix: str) -> dict[str, Any]:
@@ -72,18 +149,19 @@ def torchvision_vit_to_timm(sd: Mapping[str, Any], source: str = "checkpoint") -
 
 
 def extract_backbone_state(obj: Any, which: str = "teacher", source: str = "checkpoint") -> tuple[dict, dict]:
-    """Return ``(backbone state dict, tokenmix metadata)`` from any supported checkpoint object."""
+    """Return ``(backbone state dict in timm keys, tokenmix entry or {})`` from any supported checkpoint object."""
     if which not in ("teacher", "student"):
         raise ValueError(f"which must be 'teacher' or 'student', got {which!r}")
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"{source}: expected a dict of tensors, got {type(obj).__name__}")
-    meta = dict(obj.get("tokenmix") or {}) if isinstance(obj.get("tokenmix"), Mapping) else {}
-    if isinstance(obj.get("state_dict"), Mapping):  # (c) Lightning checkpoint
+    entry: dict = {}
+    if isinstance(obj.get("state_dict"), Mapping):  # (c) Lightning checkpoint: only ours are understood
+        _, entry = read_entry(obj, source)
+        prefix = LIGHTNING_LAYOUT[entry["kind"]][0].format(which=which) if entry["kind"] in LIGHTNING_LAYOUT else ""
         sd = obj["state_dict"]
-        prefix = "backbone." if meta.get("kind") == "supervised" else f"{which}.backbone."
-        if not any(k.startswith(prefix) for k in sd):
-            raise CheckpointError(f"{source}: Lightning checkpoint without '{prefix}*' keys; not a tokenmix "
-                                  f"pretraining checkpoint (first keys: {list(sd)[:5]})")
+        if not prefix or not any(k.startswith(prefix) for k in sd):
+            raise CheckpointError(f"{source}: a {entry['kind']!r} Lightning checkpoint without '{prefix}*' keys; not "
+                                  f"a tokenmix pretraining checkpoint (first keys: {list(sd)[:5]})")
         sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
     elif isinstance(obj.get(which), Mapping):  # (b) official DINO training checkpoint
         sd = _strip(_strip(obj[which], "module."), "backbone.")
@@ -97,40 +175,95 @@ def extract_backbone_state(obj: Any, which: str = "teacher", source: str = "chec
                               "expected a ViT state dict, a DINO training checkpoint or a tokenmix .ckpt")
     if is_torchvision_vit(sd):  # (d) torchvision keys, plain or from the detectron2 layout
         sd = torchvision_vit_to_timm(sd, source)
-    return dict(sd), meta
+    return dict(sd), entry
+
+
+def _sidecar_config(path: Path, sha256: str) -> Optional[BackboneConfig]:
+    """The config ``make export`` wrote beside a plain state dict (``<file>.json``), if it describes these bytes."""
+    side = path.with_name(path.name + ".json")
+    if not side.is_file():
+        return None
+    meta = json.loads(side.read_text())
+    if not isinstance(meta, dict) or "backbone" not in meta:
+        return None
+    if meta.get("sha256") not in (None, sha256):
+        raise CheckpointError(f"{side} describes another file (sha256 {meta['sha256'][:12]}…, this one "
+                              f"{sha256[:12]}…): delete the stale sidecar or export again")
+    return BackboneConfig.from_dict(meta["backbone"], str(side))
+
+
+_FIELDS = set(BackboneConfig.__dataclass_fields__)
+
+
+@dataclass
+class BackboneCheckpoint:
+    """One checkpoint file, read once: the backbone's weights (timm keys), its config and the file's sha256."""
+    path: Path
+    sha256: str
+    state_dict: dict[str, torch.Tensor]
+    config: BackboneConfig
+    recorded: bool                  # config written in the file (or its export sidecar), not inferred from shapes
+    entry: dict = field(default_factory=dict)   # checkpoint["tokenmix"] ({} for foreign files)
+    progress: dict = field(default_factory=dict)  # epoch / global_step / iteration where the file has them
+
+    def build(self, strict: bool = True, **overrides: Any) -> TokenMixViT:
+        """The recorded backbone with these weights; ``overrides``: config fields (``variant="lastvit"`` for weights
+        that carry none, ``num_classes`` for a classifier) or runtime choices (``entmax_backend``)."""
+        fields = {k: v for k, v in overrides.items() if k in _FIELDS}
+        config = BackboneConfig.from_dict({**self.config.to_dict(), **fields}, str(self.path))
+        model = config.build(**{k: v for k, v in overrides.items() if k not in _FIELDS})
+        self.load_into(model, strict=strict)
+        return model
+
+    def load_into(self, model: TokenMixViT, strict: bool = True) -> dict:
+        """Load the weights into ``model``; returns ``{"missing": [...], "unexpected": [...]}``.
+
+        Refuses (``CheckpointError``) a checkpoint recorded for another arch/variant, any shape mismatch, and,
+        unless ``strict=False``, any missing or unexpected key (all of them named in the message).
+        """
+        path, sd, mine = self.path, self.state_dict, getattr(model, "config", {})
+        for key in ("arch", "variant") if self.recorded else ():
+            value = getattr(self.config, key)
+            if key in mine and value != mine[key]:
+                raise CheckpointError(
+                    f"{path}: checkpoint was trained as {key}={value!r} but the model is {key}={mine[key]!r}. "
+                    f"Build the model with backbones.backbone_from_checkpoint('{path}') or pass the matching {key}.")
+        own = model.state_dict()
+        if not any(k.startswith("head.") for k in own):  # a feature backbone: a classifier head is not part of it
+            sd = {k: v for k, v in sd.items() if not k.startswith("head.")}
+        bad_shapes = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
+                      for k, v in sd.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
+        if bad_shapes:
+            raise CheckpointError(f"{path}: shape mismatch (another architecture?):\n  " + "\n  ".join(bad_shapes[:20]))
+        missing = sorted(set(own) - set(sd))
+        unexpected = sorted(set(sd) - set(own))
+        if strict and (missing or unexpected):
+            raise CheckpointError(f"{path}: keys do not match the {mine.get('arch', '?')}/{mine.get('variant', '?')} "
+                                  f"backbone.\n  missing: {missing}\n  unexpected: {unexpected}\n"
+                                  "Pass strict=False to load the rest anyway.")
+        model.load_state_dict({k: v for k, v in sd.items() if k in own}, strict=False)
+        return {"missing": missing, "unexpected": unexpected}
+
+
+def read_checkpoint(path: str | Path, which: str = "teacher") -> BackboneCheckpoint:
+    """Read ``path`` once: sha256 of its bytes, weights-only deserialisation from memory, layout, config."""
+    path = Path(path)
+    data = read_file_bytes(path)
+    sha256 = hashlib.sha256(data).hexdigest()
+    obj = safe_torch_load(data, name=str(path))
+    del data
+    sd, entry = extract_backbone_state(obj, which, str(path))
+    progress = {k: obj[k] for k in ("epoch", "global_step", "iteration") if isinstance(obj.get(k), int)}
+    config = BackboneConfig.from_dict(entry["backbone"], str(path)) if entry else _sidecar_config(path, sha256)
+    recorded = config is not None
+    if config is None:
+        config = BackboneConfig.from_dict(infer_config(sd), f"{path} (inferred from shapes)")
+    return BackboneCheckpoint(path, sha256, sd, config, recorded, entry, progress)
 
 
 def load_checkpoint(model: TokenMixViT, path: str | Path, strict: bool = True, which: str = "teacher") -> dict:
-    """Load backbone weights into ``model``; returns ``{"missing": [...], "unexpected": [...]}``.
-
-    Refuses (``CheckpointError``) a checkpoint recorded for another arch/variant, any shape mismatch, and,
-    unless ``strict=False``, any missing or unexpected key (all of them named in the message).
-    """
-    sd, meta = extract_backbone_state(safe_torch_load(path), which, str(path))
-    recorded = meta.get("backbone") or {}
-    mine = getattr(model, "config", {})
-    theirs = {"arch": recorded.get("arch"),
-              "variant": parse_variant(recorded["variant"]).name if "variant" in recorded else None}
-    for key, value in theirs.items():
-        if value is not None and key in mine and value != mine[key]:
-            raise CheckpointError(
-                f"{path}: checkpoint was trained as {key}={value!r} but the model is {key}={mine[key]!r}. "
-                f"Build the model with backbones.backbone_from_checkpoint('{path}') or pass the matching {key}.")
-    own = model.state_dict()
-    if not any(k.startswith("head.") for k in own):  # a feature backbone: a classifier head is not part of it
-        sd = {k: v for k, v in sd.items() if not k.startswith("head.")}
-    bad_shapes = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
-                  for k, v in sd.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
-    if bad_shapes:
-        raise CheckpointError(f"{path}: shape mismatch (another architecture?):\n  " + "\n  ".join(bad_shapes[:20]))
-    missing = sorted(set(own) - set(sd))
-    unexpected = sorted(set(sd) - set(own))
-    if strict and (missing or unexpected):
-        raise CheckpointError(f"{path}: keys do not match the {mine.get('arch', '?')}/{mine.get('variant', '?')} "
-                              f"backbone.\n  missing: {missing}\n  unexpected: {unexpected}\n"
-                              "Pass strict=False to load the rest anyway.")
-    model.load_state_dict({k: v for k, v in sd.items() if k in own}, strict=False)
-    return {"missing": missing, "unexpected": unexpected}
+    """Load backbone weights into ``model`` (see ``BackboneCheckpoint.load_into``)."""
+    return read_checkpoint(path, which).load_into(model, strict=strict)
 
 
 def infer_config(sd: Mapping[str, torch.Tensor]) -> dict[str, Any]:
@@ -181,10 +314,5 @@ def _infer_specialization(sd: Mapping[str, torch.Tensor]) -> dict[str, Any]:
 
 def backbone_from_checkpoint(path: str | Path, which: str = "teacher", strict: bool = True,
                              **overrides: Any) -> TokenMixViT:
-    """Build the backbone recorded in (or inferred from) a checkpoint and load its weights."""
-    sd, meta = extract_backbone_state(safe_torch_load(path), which, str(path))
-    config = dict(meta.get("backbone") or infer_config(sd))
-    config.update(overrides)
-    model = create_vit(**config)
-    load_checkpoint(model, path, strict=strict, which=which)
-    return model
+    """Build the backbone recorded in (or inferred from) a checkpoint and load its weights (one read)."""
+    return read_checkpoint(path, which).build(strict=strict, **overrides)

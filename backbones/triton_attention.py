@@ -101,18 +101,10 @@ if triton is not None:
         return d, (d > 0).to(tl.float32)
 
     @triton.jit
-    def _fwd_kernel(Q, K, V, O, OG, STATS, scale, N, M,
-                    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr,
-                    SINGLE: tl.constexpr, MAX_SWEEPS: tl.constexpr, PREC: tl.constexpr):
-        bh = tl.program_id(1)
-        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
-        q = tl.load(Q + bh * N * D + offs_m[:, None] * D + offs_d[None, :],
-                    mask=(offs_m[:, None] < N) & (offs_d[None, :] < D), other=0.0)
-        k_off, v_off = bh * M * D, bh * M * DV
-        zero = tl.zeros([BLOCK_M], dtype=tl.float32)
-        # 1. row max (z's max is then 0 and tau lies in [-1, 0))
+    def _row_max(q, K, k_off, zero, scale, M, D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 ENTMAX: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr):
+        """Step 1: row max m of the scores and, with one key block (SINGLE), that block's z kept in registers
+        (z's max is then 0 and tau lies in [-1, 0)); without, z is recomputed per pass and ``m`` stands in."""
         if SINGLE:
             z0 = _z_block(q, K, k_off, 0, zero, scale, M, D, BLOCK_N, BLOCK_D, False, PREC)
             m = tl.max(z0, 1)
@@ -124,7 +116,41 @@ if triton is not None:
             for start in range(0, M, BLOCK_N):
                 m = tl.maximum(m, tl.max(_z_block(q, K, k_off, start, zero, scale, M, D, BLOCK_N, BLOCK_D,
                                                   False, PREC), 1))
-        # 2. tau: Newton from below + closed-form root on the support, tested one pass later
+            z0 = m
+        return m, z0
+
+    @triton.jit
+    def _pass_sums(z0, q, K, k_off, m, t, c, zero, scale, M, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr):
+        """One pass over the keys: ``_sums`` of every key block added up."""
+        if SINGLE:
+            k_t, s1, s2, n_c = _sums(z0, t, c)
+        else:
+            k_t, s1, s2, n_c = zero, zero, zero, zero
+            for start in range(0, M, BLOCK_N):
+                z = _z_block(q, K, k_off, start, m, scale, M, D, BLOCK_N, BLOCK_D, ENTMAX, PREC)
+                a, b, e, f = _sums(z, t, c)
+                k_t, s1, s2, n_c = k_t + a, s1 + b, s2 + e, n_c + f
+        return k_t, s1, s2, n_c
+
+    @triton.jit
+    def _newton(k_t, s1, s2, ENTMAX: tl.constexpr):
+        """(u, step): the closed-form root offset on the current support and the Newton step from below."""
+        if ENTMAX:
+            norm = tl.sqrt(s2)
+            step = (s2 - norm) / s1
+            mean = s1 / k_t
+            u = mean - tl.sqrt(tl.maximum((1.0 - (s2 - s1 * mean)) / k_t, 0.0))
+        else:
+            u = (s1 - 1.0) / k_t
+            step = u
+        return u, step
+
+    @triton.jit
+    def _threshold(z0, q, K, k_off, m, zero, scale, M, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr,
+                   MAX_SWEEPS: tl.constexpr, PREC: tl.constexpr):
+        """Step 2: tau per row; Newton from below + closed-form root on the support, tested one pass later."""
         t = zero - 1.0
         c = t            # candidate root from the previous pass
         c_sup = zero     # support size it was computed on (-1: none to test)
@@ -134,25 +160,12 @@ if triton is not None:
         sweep = tl.full([], 0, tl.int32)  # loop-carried: Triton values, not Python ints
         left = tl.full([], BLOCK_M, tl.int32)
         while left > 0:
-            if SINGLE:
-                k_t, s1, s2, n_c = _sums(z0, t, c)
-            else:
-                k_t, s1, s2, n_c = zero, zero, zero, zero
-                for start in range(0, M, BLOCK_N):
-                    z = _z_block(q, K, k_off, start, m, scale, M, D, BLOCK_N, BLOCK_D, ENTMAX, PREC)
-                    a, b, e, f = _sums(z, t, c)
-                    k_t, s1, s2, n_c = k_t + a, s1 + b, s2 + e, n_c + f
+            k_t, s1, s2, n_c = _pass_sums(z0, q, K, k_off, m, t, c, zero, scale, M, D, BLOCK_N, BLOCK_D, ENTMAX,
+                                          SINGLE, PREC)
             hit = ~done & c_ok & (n_c == c_sup)  # {z > c} == {z > t_prev}: c is the exact root
             tau = tl.where(hit, c, tau)
             done = done | hit
-            if ENTMAX:
-                norm = tl.sqrt(s2)
-                step = (s2 - norm) / s1
-                mean = s1 / k_t
-                u = mean - tl.sqrt(tl.maximum((1.0 - (s2 - s1 * mean)) / k_t, 0.0))
-            else:
-                u = (s1 - 1.0) / k_t
-                step = u
+            u, step = _newton(k_t, s1, s2, ENTMAX)
             sweep += 1
             # no progress left in floating point, or out of sweeps: the root on the current support
             fin = ~done & (~(step > 0) | (sweep >= MAX_SWEEPS))
@@ -161,7 +174,13 @@ if triton is not None:
             c, c_sup, c_ok = t + u, k_t, u >= 0
             t = t + step
             left = tl.sum((~done).to(tl.int32), 0)
-        # 3. O = sum p v, OG = sum g v / sum g
+        return tau
+
+    @triton.jit
+    def _weighted_values(z0, q, K, V, k_off, v_off, m, tau, zero, scale, M, D: tl.constexpr, DV: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr):
+        """Step 3: sum p v, sum g v and sum g per row; key tiles outside every row's support are skipped."""
         offs_dv = tl.arange(0, BLOCK_DV)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
         acc_g = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
@@ -179,6 +198,27 @@ if triton is not None:
                 acc += _dot(p.to(v.dtype), v, PREC)
                 acc_g += _dot(g.to(v.dtype), v, PREC)
             g_sum += tl.sum(g, 1)
+        return acc, acc_g, g_sum
+
+    @triton.jit
+    def _fwd_kernel(Q, K, V, O, OG, STATS, scale, N, M,
+                    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr,
+                    SINGLE: tl.constexpr, MAX_SWEEPS: tl.constexpr, PREC: tl.constexpr):
+        """O = sum p v, OG = sum g v / sum g and (m, tau) per query row, for one query block and batch*head."""
+        bh = tl.program_id(1)
+        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        q = tl.load(Q + bh * N * D + offs_m[:, None] * D + offs_d[None, :],
+                    mask=(offs_m[:, None] < N) & (offs_d[None, :] < D), other=0.0)
+        k_off, v_off = bh * M * D, bh * M * DV
+        zero = tl.zeros([BLOCK_M], dtype=tl.float32)
+        m, z0 = _row_max(q, K, k_off, zero, scale, M, D, BLOCK_N, BLOCK_D, ENTMAX, SINGLE, PREC)
+        tau = _threshold(z0, q, K, k_off, m, zero, scale, M, D, BLOCK_M, BLOCK_N, BLOCK_D, ENTMAX, SINGLE,
+                         MAX_SWEEPS, PREC)
+        acc, acc_g, g_sum = _weighted_values(z0, q, K, V, k_off, v_off, m, tau, zero, scale, M, D, DV, BLOCK_M,
+                                             BLOCK_N, BLOCK_D, BLOCK_DV, ENTMAX, SINGLE, PREC)
+        offs_dv = tl.arange(0, BLOCK_DV)
         out_mask = (offs_m[:, None] < N) & (offs_dv[None, :] < DV)
         o_ptrs = bh * N * DV + offs_m[:, None] * DV + offs_dv[None, :]
         tl.store(O + o_ptrs, acc.to(O.dtype.element_ty), mask=out_mask)

@@ -24,27 +24,16 @@ from timm.layers import trunc_normal_
 from timm.models.vision_transformer import VisionTransformer
 
 from .attention import attention_layer
+from .config import ARCHS, SHAPE_FIELDS, BackboneConfig
 from .entmax_fast import DEFAULT_BACKEND
 from .lastvit import FrequencyTopKPooling
 from .specialization import COMPONENTS, SpecializedBlock, specialization_sets
 from .variants import Normalizer, Strategy, parse_variant
 
-# name -> ViT shape. All: mlp_ratio 4, qkv_bias, LayerNorm eps 1e-6 (DINO's vision_transformer.py).
-ARCHS: dict[str, dict[str, int]] = {
-    "vit_tiny_patch16": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, img_size=224),
-    "vit_small_patch16": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, img_size=224),
-    "vit_base_patch16": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, img_size=224),
-    "vit_small_patch8": dict(patch_size=8, embed_dim=384, depth=12, num_heads=6, img_size=224),
-    # the CPU demo (64 px scenes) and the test suite
-    "vit_demo_patch8": dict(patch_size=8, embed_dim=128, depth=4, num_heads=2, img_size=64),
-    "vit_test_patch8": dict(patch_size=8, embed_dim=32, depth=2, num_heads=2, img_size=32),
-}
-
-
 @dataclass(frozen=True)
 class StrategyRule:
     """What one global-token strategy changes in the ViT, from the knobs (``TokenMixViT`` arguments)."""
-    knobs: tuple[str, ...] = ()  # recorded in ``model.config`` (and so in checkpoints)
+    knobs: tuple[str, ...] = ()  # recorded in ``model.backbone_config`` (and so in checkpoints)
     block_fn: Callable[[dict], Any] | None = None  # knobs -> timm block_fn
     registers: Callable[[dict], int] = lambda kn: 0  # knobs -> number of register tokens
     aggregator: Callable[[int, dict], nn.Module] | None = None  # (embed_dim, knobs) -> replaces the [CLS] output
@@ -63,7 +52,6 @@ STRATEGY_RULES: dict[Strategy, StrategyRule] = {
                                                         reference=bool(kn["lastvit_reference"]))),
 }
 NORMALIZER_KNOBS: dict[Normalizer, tuple[str, ...]] = {Normalizer.ENTMAX_BISECT: ("alpha", "bisect_iters")}
-UNSET_OK = ("spec_norm_blocks", "spec_qkv_blocks", "lastvit_reference")  # recorded only when set: older checkpoints stay equal
 
 
 class TokenMixViT(VisionTransformer):
@@ -106,10 +94,18 @@ class TokenMixViT(VisionTransformer):
         self.aggregator = rule.aggregator(self.embed_dim, knobs) if rule.aggregator is not None else None
 
         recorded = rule.knobs + NORMALIZER_KNOBS.get(spec.normalizer, ())
-        self.config: dict[str, Any] = {"arch": arch, "variant": spec.name,
-                                       **{k: knobs[k] for k in recorded if not (k in UNSET_OK and knobs[k] is None)}}
-        if num_classes:  # classifier head on the [CLS] / aggregated token (label-supervised training)
-            self.config["num_classes"] = num_classes
+        self.backbone_config = BackboneConfig(arch, spec.name, **self._shape_overrides(arch),
+                                              **{k: knobs[k] for k in recorded}, num_classes=num_classes)
+        # the plain dict of the config (results.json, logs); num_classes only with a classifier head
+        self.config: dict[str, Any] = self.backbone_config.to_dict()
+
+    def _shape_overrides(self, arch: str) -> dict[str, int]:
+        """The shape values that differ from ``ARCHS[arch]`` (e.g. ``img_size`` of a preset): recorded so a
+        checkpoint rebuilds the same positional embedding."""
+        h, w = self.patch_embed.img_size
+        have = dict(img_size=h if h == w else (h, w), patch_size=self.patch_size, embed_dim=self.embed_dim,
+                    depth=self.depth, num_heads=self.num_heads)
+        return {k: have[k] for k in SHAPE_FIELDS if have[k] != ARCHS[arch][k]}
 
     # -- tokens -------------------------------------------------------------------------------------
     def interpolate_pos_encoding(self, gh: int, gw: int) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Atomic, validated checkpoint files for Lightning (temporary file + fsync + rename via tokenmix.io).
 
 A crash or SIGKILL during a save leaves the previous file untouched; loading refuses truncated files and
-checkpoints that are not tokenmix pretraining checkpoints, with a message saying what to do.
+checkpoints that are not tokenmix pretraining checkpoints, with a message saying what to do. What a complete
+checkpoint holds is ``backbones.checkpoint``'s knowledge (``validate_lightning``).
 """
 from __future__ import annotations
 
@@ -11,23 +12,13 @@ from typing import Any, Callable, Optional
 
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from tokenmix.io import CheckpointError, atomic_torch_save, safe_torch_load
+from backbones.checkpoint import DINO, validate_lightning
+from tokenmix.io import atomic_torch_save, safe_torch_load
 
 
 def validate_pretrain_checkpoint(ckpt: Any, path: str | os.PathLike) -> dict:
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise CheckpointError(f"{path}: not a Lightning checkpoint (no 'state_dict'); RESUME expects a .ckpt "
-                              "written by `make pretrain` (e.g. runs/<variant>/pretrain/.../checkpoints/last.ckpt)")
-    if not isinstance(ckpt.get("tokenmix"), dict):
-        raise CheckpointError(f"{path}: a foreign Lightning checkpoint (no 'tokenmix' entry); RESUME only continues "
-                              "tokenmix pretraining runs. To start from official DINO weights use "
-                              "backbones.load_checkpoint on the backbone instead.")
-    keys = ckpt["state_dict"].keys()
-    for prefix in ("student.backbone.", "student.head.", "teacher.backbone.", "teacher.head."):
-        if not any(k.startswith(prefix) for k in keys):
-            raise CheckpointError(f"{path}: no '{prefix}*' tensors in state_dict; the file is not a complete "
-                                  "DINO pretraining checkpoint")
-    return ckpt
+    """A complete DINO pretraining checkpoint (``CheckpointError`` saying what it is instead)."""
+    return validate_lightning(ckpt, str(path), kind=DINO)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

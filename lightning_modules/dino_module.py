@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from backbones import create_vit, parse_variant
+from backbones.checkpoint import DINO, check_resume_config, write_entry
 from lightning_modules.dino_head import DINOHead, MultiCropWrapper
 from lightning_modules.dino_loss import DINOLoss
 from lightning_modules.fast_ops import clip_grad_norms_, ema_
@@ -280,9 +281,7 @@ class DINOPretrainModule(pl.LightningModule):
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self._raise_if_nonfinite()  # never write a checkpoint past a non-finite loss
-        cfg = _plain(dict(self.student.backbone.config))
-        checkpoint["tokenmix"] = {"backbone": cfg, "variant": cfg.get("variant", self.hparams.variant),
-                                  "arch": cfg.get("arch", self.hparams.arch), "kind": "dino_pretrain"}
+        write_entry(checkpoint, self.student.backbone.backbone_config, kind=DINO)
         # RNG streams (drop-path draws from the global generator) of every rank: Lightning calls this hook on all
         # ranks (rank 0 writes the file), so the gather is reached by each
         checkpoint["tokenmix_rng"] = {"torch": torch.get_rng_state(),
@@ -298,14 +297,6 @@ class DINOPretrainModule(pl.LightningModule):
         return self.trainer.strategy.all_gather(state.to(self.device)).cpu()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        meta = checkpoint.get("tokenmix")
-        if not isinstance(meta, dict):
-            raise ValueError("not a tokenmix pretraining checkpoint (no 'tokenmix' entry); to start from official "
-                             "DINO weights load them into the backbone with backbones.load_checkpoint instead")
-        mine = self.student.backbone.config
-        for key in ("arch", "variant"):
-            if meta.get(key) != mine.get(key):
-                raise ValueError(f"checkpoint was trained with {key}={meta.get(key)!r} but this run builds "
-                                 f"{key}={mine.get(key)!r}; pass the matching VARIANT / preset")
+        check_resume_config(checkpoint, self.student.backbone.backbone_config, kind=DINO)
         rng = checkpoint.get("tokenmix_rng")
         self._rng_to_restore = rng if isinstance(rng, dict) and "torch" in rng else None

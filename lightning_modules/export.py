@@ -2,42 +2,42 @@
 
 Writes a plain ``{name: tensor}`` state dict of the teacher backbone (what DINO releases, e.g.
 ``dino_deitsmall16_pretrain.pth``: ``cls_token``, ``pos_embed``, ``patch_embed.proj.*``, ``blocks.N.*``, ``norm.*``;
-variants add ``reg_token`` / ``*_cls`` tensors) plus a ``<out>.json`` sidecar with the backbone config.
-Loads with ``torch.load(weights_only=True)`` and ``backbones.load_checkpoint`` / ``backbone_from_checkpoint``.
+variants add ``reg_token`` / ``*_cls`` tensors) plus a ``<out>.json`` sidecar: the checkpoint's ``tokenmix`` entry
+(``backbone`` = the ``BackboneConfig``) and the sha256 of the written file, which ``backbones.read_checkpoint``
+checks before it rebuilds the recorded variant from a plain state dict (entmax or lastvit leave no trace in the
+tensors). Loads with ``torch.load(weights_only=True)`` and ``backbones.load_checkpoint`` /
+``backbone_from_checkpoint``.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import io
 import sys
 from pathlib import Path
 from typing import Optional
 
 import torch
 
+from backbones.checkpoint import read_checkpoint
 from tokenmix import paths
-from tokenmix.io import CheckpointError, atomic_json_dump, atomic_torch_save, safe_torch_load
-
-from lightning_modules.checkpoint_io import validate_pretrain_checkpoint
-
-
-def backbone_state_dict(ckpt: dict, which: str = "teacher") -> dict[str, torch.Tensor]:
-    if which not in ("teacher", "student"):
-        raise ValueError(f"which must be 'teacher' or 'student', got {which!r}")
-    prefix = f"{which}.backbone."
-    sd = {k[len(prefix):]: v.detach().clone().contiguous() for k, v in ckpt["state_dict"].items()
-          if k.startswith(prefix)}
-    if not sd:
-        raise CheckpointError(f"no '{prefix}*' tensors in the checkpoint")
-    return sd
+from tokenmix.io import CheckpointError, atomic_json_dump, atomic_write
 
 
 def export(ckpt_path: str | Path, out: str | Path, which: str = "teacher") -> Path:
-    ckpt = validate_pretrain_checkpoint(safe_torch_load(ckpt_path), str(ckpt_path))
-    sd = backbone_state_dict(ckpt, which)
+    ck = read_checkpoint(ckpt_path, which)  # one read; layout and config from backbones.checkpoint
+    if not ck.entry:
+        raise CheckpointError(f"{ckpt_path}: not a tokenmix Lightning checkpoint (no 'tokenmix' entry); "
+                              "make export converts `make pretrain` checkpoints")
+    sd = {k: v.detach().clone().contiguous() for k, v in ck.state_dict.items() if not k.startswith("head.")}
+    buf = io.BytesIO()
+    torch.save(sd, buf)
     out = Path(out)
-    atomic_torch_save(sd, out)
-    meta = {**ckpt["tokenmix"], "which": which, "source": str(Path(ckpt_path).resolve()),
-            "global_step": ckpt.get("global_step"), "epoch": ckpt.get("epoch")}
+    with atomic_write(out, "wb") as f:
+        f.write(buf.getvalue())
+    meta = {**ck.entry, "backbone": ck.config.to_dict(), "which": which, "source": str(Path(ckpt_path).resolve()),
+            "source_sha256": ck.sha256, "sha256": hashlib.sha256(buf.getvalue()).hexdigest(),
+            "global_step": ck.progress.get("global_step"), "epoch": ck.progress.get("epoch")}
     atomic_json_dump(meta, out.with_suffix(out.suffix + ".json"))
     return out
 

@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics.classification import MulticlassAccuracy
 
 from backbones import create_vit, parse_variant
+from backbones.checkpoint import SUPERVISED, check_resume_config, write_entry
 from lightning_modules.dino_module import NonFiniteLossError, _plain
 from tokenmix.io import CheckpointError
 from tokenmix.results import write_summary
@@ -169,20 +170,12 @@ class SupervisedModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        cfg = {k: v for k, v in _plain(dict(self.backbone.config)).items() if k != "num_classes"}
-        checkpoint["tokenmix"] = {"backbone": cfg, "variant": cfg["variant"], "arch": cfg["arch"], "kind": KIND,
-                                  "num_classes": int(self.hparams.num_classes), "random_init": dict(self.random_init)}
+        # the recorded backbone is the feature backbone (probes, analyses); the head's size sits beside it
+        write_entry(checkpoint, self.backbone.backbone_config.replace(num_classes=0), kind=SUPERVISED,
+                    num_classes=int(self.hparams.num_classes), random_init=_plain(dict(self.random_init)))
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        meta = checkpoint.get("tokenmix")
-        if not isinstance(meta, dict) or meta.get("kind") != KIND:
-            raise ValueError("not a tokenmix supervised checkpoint; RESUME continues `make pretrain "
-                             "OBJECTIVE=supervised` runs only")
-        mine = self.backbone.config
-        for key in ("arch", "variant"):
-            if meta.get(key) != mine.get(key):
-                raise ValueError(f"checkpoint was trained with {key}={meta.get(key)!r} but this run builds "
-                                 f"{key}={mine.get(key)!r}; pass the matching VARIANT / preset")
+        meta = check_resume_config(checkpoint, self.backbone.backbone_config.replace(num_classes=0), kind=SUPERVISED)
         self.random_init = dict(meta.get("random_init") or {})
 
 

@@ -1,5 +1,11 @@
-"""Which backbone a probe runs on: a checkpoint (this project's or official DINO), or a baseline
-(``random``: the same architecture, untrained; ``pixels``: raw patch pixels)."""
+"""Which backbone a probe or an analysis runs on: a checkpoint (this project's or official DINO), or a baseline
+(``random``: the same architecture, untrained; ``pixels``: raw patch pixels). The one place that turns
+``--ckpt ''|random|pixels|<path>`` into a backbone.
+
+    info = resolve_backbone("", "entmax", "vit_demo_patch8", 8)        # newest `make pretrain VARIANT=entmax` run
+    info.model, info.sha256, info.backbone_config                       # file read once: weights, hash, config
+    resolve_backbone("random", "lastvit", "vit_demo_patch8", 8, seed=0)  # same init for the same seed
+"""
 from __future__ import annotations
 
 import hashlib
@@ -8,6 +14,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+
+from backbones import BackboneConfig, create_vit, read_checkpoint
 
 from .baselines import PixelBackbone
 
@@ -28,8 +36,9 @@ class BackboneInfo:
     source: str                       # "checkpoint" | "random" | "pixels"
     run_name: str                     # folder under runs/: the variant, <variant>_random or pixels
     checkpoint: Optional[str] = None
-    sha256: Optional[str] = None
+    sha256: Optional[str] = None      # of the bytes the weights were read from
     config: dict[str, Any] = field(default_factory=dict)
+    backbone_config: Optional[BackboneConfig] = None  # what rebuilds the model (None for pixels)
 
     def describe(self) -> dict[str, Any]:
         return {"source": self.source, "checkpoint": self.checkpoint, "checkpoint_sha256": self.sha256,
@@ -38,16 +47,17 @@ class BackboneInfo:
 
 def resolve_backbone(ckpt: str, variant: str, arch: str, patch_size: int, seed: int = 0,
                      which: str = "teacher") -> BackboneInfo:
-    """--ckpt '' -> the latest pretraining checkpoint of --variant; a path; 'random'; 'pixels'."""
+    """--ckpt '' -> the latest pretraining checkpoint of --variant; a path; 'random' (``arch``, ``seed``);
+    'pixels' (``patch_size``). ``which``: the teacher or student of a DINO checkpoint."""
     ckpt = (ckpt or "").strip()
     variant = (variant or "softmax").strip()
     if ckpt == "pixels":
         m = PixelBackbone(patch_size)
         return BackboneInfo(m, "pixels", "pixels", config=dict(m.config))
     if ckpt == "random":
-        from backbones import create_vit
         m = create_vit(arch, variant, seed=seed)  # the same random init every time for a given seed
-        return BackboneInfo(m, "random", f"{m.variant}_random", config={**m.config, "seed": seed})
+        return BackboneInfo(m, "random", f"{m.variant}_random", config={**m.config, "seed": seed},
+                            backbone_config=m.backbone_config)
     if not ckpt:
         from tokenmix.paths import latest_pretrain_checkpoint
         path = latest_pretrain_checkpoint(variant)  # FileNotFoundError naming the folder and the fix
@@ -57,7 +67,7 @@ def resolve_backbone(ckpt: str, variant: str, arch: str, patch_size: int, seed: 
             raise FileNotFoundError(f"checkpoint {path} not found. Pass CKPT=<file> (a tokenmix .ckpt or an official "
                                     f"DINO .pth), CKPT=random / CKPT=pixels for the baselines, or leave CKPT empty "
                                     f"for the latest `make pretrain VARIANT={variant}` run.")
-    from backbones import backbone_from_checkpoint
-    m = backbone_from_checkpoint(path, which=which)
-    return BackboneInfo(m, "checkpoint", m.variant, checkpoint=str(Path(path).resolve()),
-                        sha256=sha256_file(path), config=dict(m.config))
+    ck = read_checkpoint(path, which=which)  # one read: the sha256 is of the bytes the weights come from
+    m = ck.build()
+    return BackboneInfo(m, "checkpoint", m.variant, checkpoint=str(Path(path).resolve()), sha256=ck.sha256,
+                        config=dict(m.config), backbone_config=m.backbone_config)

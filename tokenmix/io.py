@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import pickle
@@ -86,18 +87,32 @@ def describe_file(head: bytes) -> str:
     return "text" if all(c.isprintable() or c in "\r\n\t" for c in text) else "unknown"
 
 
-def safe_torch_load(path: str | os.PathLike) -> Any:
-    """``torch.load(weights_only=True)`` (tensors, containers and ``argparse.Namespace`` only) with errors that say
-    what the file is not.
-
-    >>> safe_torch_load("notes.txt")  # doctest: +SKIP
-    CheckpointError: notes.txt: a text file (starts 'hello'), not a torch checkpoint ...
-    """
+def read_file_bytes(path: str | os.PathLike) -> bytes:
+    """The whole file, read once (``CheckpointError`` if it is not there)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     with open(path, "rb") as f:
-        head = f.read(64)
+        return f.read()
+
+
+def safe_torch_load(source: str | os.PathLike | bytes, name: str | None = None) -> Any:
+    """``torch.load(weights_only=True)`` (tensors, containers and ``argparse.Namespace`` only) with errors that say
+    what the file is not. ``source``: a path, or the file's bytes already read (``name`` then labels the messages).
+
+    >>> safe_torch_load("notes.txt")  # doctest: +SKIP
+    CheckpointError: notes.txt: a text file (starts 'hello'), not a torch checkpoint ...
+    >>> safe_torch_load(data, name="last.ckpt")  # the bytes hashed by the caller: one read of the file
+    """
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data, path = bytes(source), name or "<bytes>"
+        head = data[:64]
+    else:
+        data, path = None, Path(source)
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint not found: {path}")
+        with open(path, "rb") as f:
+            head = f.read(64)
     kind = describe_file(head)
     if not head:
         raise CheckpointError(f"{path}: an empty file, not a torch checkpoint (an interrupted copy or download?).")
@@ -110,7 +125,7 @@ def safe_torch_load(path: str | os.PathLike) -> Any:
                               "unpickles such files. Re-save the tensors with torch.save from a trusted session.")
     try:
         with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path if data is None else io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         if kind == "unknown":
             raise CheckpointError(f"{path}: not a torch checkpoint (neither a zip archive nor a legacy torch file; "
