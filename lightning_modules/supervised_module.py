@@ -26,12 +26,11 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics.classification import MulticlassAccuracy
 
 from backbones import create_vit, parse_variant
-from backbones.checkpoint import SUPERVISED, check_resume_config, write_entry
+from backbones.checkpoint import SUPERVISED, check_resume_config, validate_lightning, write_entry
 from lightning_modules.dino_module import NonFiniteLossError, _plain
-from tokenmix.io import CheckpointError
 from tokenmix.results import write_summary
 
-KIND = "supervised"
+KIND = SUPERVISED
 
 
 def lr_multiplier(where: float, warmup_frac: float = 0.01, warmup_factor: float = 0.1,
@@ -46,16 +45,8 @@ def lr_multiplier(where: float, warmup_frac: float = 0.01, warmup_factor: float 
 
 
 def validate_supervised_checkpoint(ckpt: Any, path: str | os.PathLike) -> dict:
-    meta = ckpt.get("tokenmix") if isinstance(ckpt, dict) else None
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or not isinstance(meta, dict):
-        raise CheckpointError(f"{path}: not a tokenmix Lightning checkpoint (no 'state_dict' / 'tokenmix'); RESUME "
-                              "expects a .ckpt written by `make pretrain OBJECTIVE=supervised`")
-    if meta.get("kind") != KIND:
-        raise CheckpointError(f"{path}: a {meta.get('kind', 'dino_pretrain')} checkpoint, not a supervised one; "
-                              "resume it with `make pretrain` (OBJECTIVE=dino)")
-    if not any(k.startswith("backbone.head.") for k in ckpt["state_dict"]):
-        raise CheckpointError(f"{path}: no 'backbone.head.*' tensors; not a complete supervised checkpoint")
-    return ckpt
+    """A complete label-supervised checkpoint (RESUME); the layout lives in ``backbones.checkpoint``."""
+    return validate_lightning(ckpt, str(path), kind=SUPERVISED)
 
 
 class SupervisedModule(pl.LightningModule):

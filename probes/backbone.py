@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -20,14 +19,6 @@ from backbones import BackboneConfig, create_vit, read_checkpoint
 from .baselines import PixelBackbone
 
 BASELINES = ("random", "pixels")
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from tokenmix import paths
-from tokenmix.io import atomic_json_dump
+from tokenmix.io import atomic_json_dump, sha256_file
 
 from .results import read_result
 
@@ -49,14 +49,6 @@ def task_source(task: str) -> str:
         return "analysis"
     raise ValueError(f"unknown task '{task}'. Probe tasks: {', '.join(probe_tasks())}; analysis tasks: "
                      f"{', '.join(analysis_tasks())}")
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _key(obj) -> str:
@@ -153,7 +145,7 @@ def pretrain_key(spec: Spec, variant: str, seed: int) -> str:
                                           for p in variant.split("+")]
     return _key({"variant": variant, "seed": seed, "preset": spec.preset, "data": spec.data,
                  "data_root": spec.data_root, "args": list(spec.pretrain_args),
-                 "files": {f.name: file_sha256(f) for f in files if f.is_file()}})
+                 "files": {f.name: sha256_file(f) for f in files if f.is_file()}})
 
 
 def eval_key(spec: Spec, task: str, seed: int) -> str:
@@ -162,7 +154,7 @@ def eval_key(spec: Spec, task: str, seed: int) -> str:
     data, root = spec.eval_data(task)
     return _key({"task": task, "seed": seed, "data": data, "data_root": root,
                  "args": list(spec.probe_args if source == "probe" else spec.analysis_args),
-                 "config": file_sha256(cfg) if source == "probe" and cfg else None})
+                 "config": sha256_file(cfg) if source == "probe" and cfg else None})
 
 
 def plan(spec: Spec) -> list[Cell]:
@@ -232,7 +224,7 @@ def _checkpoint_sha(path: Path, marker: dict) -> Optional[str]:
     st = path.stat()
     if marker.get("size") == st.st_size and marker.get("mtime_ns") == st.st_mtime_ns and marker.get("ckpt_sha256"):
         return marker["ckpt_sha256"]
-    return file_sha256(path)
+    return sha256_file(path)
 
 
 def done_record(spec: Spec, cell: Cell, pre_record: Optional[dict] = None) -> Optional[dict]:
@@ -279,7 +271,7 @@ def record(spec: Spec, cell: Cell, seconds: float = 0.0, since: float = 0.0,
     if not ckpt.is_file():
         raise FileNotFoundError(f"{cell.id}: no checkpoint at {ckpt}")
     st = ckpt.stat()
-    sha = file_sha256(ckpt)
+    sha = sha256_file(ckpt)
     rec = {"cell": cell.id, "key": cell.key, "kind": cell.kind, "variant": cell.variant, "seed": cell.seed,
            "task": cell.task, "checkpoint": str(ckpt), "ckpt_sha256": sha, "seconds": round(seconds, 2),
            "cpu_seconds": None if cpu_seconds is None else round(cpu_seconds, 2),

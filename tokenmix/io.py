@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -85,6 +86,15 @@ def describe_file(head: bytes) -> str:
     except UnicodeDecodeError:
         return "unknown"
     return "text" if all(c.isprintable() or c in "\r\n\t" for c in text) else "unknown"
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in chunks (checkpoints are hundreds of MB)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def read_file_bytes(path: str | os.PathLike) -> bytes:
