@@ -31,9 +31,6 @@ class BackboneInfo:
     config: dict[str, Any] = field(default_factory=dict)
     backbone_config: Optional[BackboneConfig] = None  # what rebuilds the model (None for pixels)
 
-    def describe(self) -> dict[str, Any]:
-        return {"source": self.source, "checkpoint": self.checkpoint, "checkpoint_sha256": self.sha256,
-                "backbone_config": self.config}
 
 
 def resolve_backbone(ckpt: str, variant: str, arch: str, patch_size: int, seed: int = 0,
