@@ -32,7 +32,6 @@ class BackboneInfo:
     backbone_config: Optional[BackboneConfig] = None  # what rebuilds the model (None for pixels)
 
 
-
 def resolve_backbone(ckpt: str, variant: str, arch: str, patch_size: int, seed: int = 0,
                      which: str = "teacher") -> BackboneInfo:
     """--ckpt '' -> the latest pretraining checkpoint of --variant; a path; 'random' (``arch``, ``seed``);
