@@ -17,8 +17,9 @@ from tokenmix import paths
 
 from .data import default_resize, iter_samples, open_dataset
 from .output import AnalysisRun
-from .tasks import RUNNERS, TASKS, Options
-from .votes import run_votes
+from .shards import extract_sharded, resolve_world
+from .tasks import RUNNERS, STAGES, TASKS, Options
+from .votes import check_votes, run_votes
 
 RUNNERS, TASKS = {**RUNNERS, "votes": run_votes}, (*TASKS, "votes")  # LaSt-ViT vote maps (analysis/votes.py)
 
@@ -62,6 +63,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--k-patches", type=int, default=100)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--no-tensorboard", action="store_true")
+    p.add_argument("--devices", default="1", help="processes per node (Lightning DDP; 'auto' = every GPU): the "
+                   "backbone forward is sharded over them and gathered, rank 0 computes the metrics and writes")
+    p.add_argument("--num-nodes", type=int, default=None, help="default: from SLURM / torchrun, else 1")
+    p.add_argument("--dist-timeout", type=float, default=10.0, help="minutes DDP waits for the other processes")
     return p.parse_args(argv)
 
 
@@ -88,8 +93,11 @@ def main(argv=None) -> dict:
     if task not in RUNNERS:
         raise SystemExit(f"unknown or missing --task '{task}'. Valid tasks: {', '.join(TASKS)} "
                          "(e.g. make analyze TASK=pib VARIANT=entmax)")
+    world = resolve_world(args)  # num_nodes > 1 without a cluster launcher is refused here, before any spawn
     model, ck = load_backbone(args)
-    model.eval().to(args.device)
+    if task == "votes":
+        check_votes(model)
+    model.eval().to(args.device if world == 1 else "cpu")  # several processes: Lightning places each rank's copy
     # the run folder is named after what the checkpoint really is (a CKPT's recorded variant wins over VARIANT)
     label = args.name or (model.variant if args.ckpt != "random" else f"{model.variant}_random")
     crop = args.crop or int(model.patch_embed.img_size[0])
@@ -108,9 +116,13 @@ def main(argv=None) -> dict:
     need_boxes = task in ("pib", "corloc", "votes")
     dataset = open_dataset(args.data, args.data_root, split, boxes=need_boxes, **kw)
     max_images = DEFAULT_MAX_IMAGES[task] if args.max_images < 0 else args.max_images
+    records = extract_sharded(STAGES[task][0], model, dataset, max_images, opts, args) if world > 1 else None
+    if world > 1 and records is None:
+        return {}  # not rank 0: it took part in the extraction; rank 0 computes and writes
     run = AnalysisRun(label, task, tensorboard=not args.no_tensorboard)
     try:
-        numbers = RUNNERS[task](model, iter_samples(dataset, max_images), run, opts)
+        numbers = (STAGES[task][1](model, records, run, opts) if records is not None
+                   else RUNNERS[task](model, iter_samples(dataset, max_images), run, opts))
         results = {
             "task": task, "variant": label, "model": dict(model.config), **ck,
             "data": args.data or "demo", "data_root": args.data_root or None, "split": split,
@@ -136,6 +148,6 @@ def _headline(task: str, m: dict) -> str:
 if __name__ == "__main__":
     try:
         main()
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
+    except (FileNotFoundError, ValueError, RuntimeError) as e:  # LaunchError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
