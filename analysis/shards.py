@@ -171,6 +171,7 @@ def extract_sharded(extract: Callable, model, dataset, max_images: int, opts: Op
                         enable_model_summary=False, enable_progress_bar=False)
     module = _module(extract, model, dataset, n, opts)
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*(module\\(s\\) in eval mode|does not have many workers).*")
+        warnings.filterwarnings("ignore", message=".*(module\\(s\\) in eval mode|does not have many workers"
+                                "|predict returned None).*")
         trainer.predict(module, return_predictions=False)
     return module.records if trainer.global_rank == 0 else None

@@ -213,8 +213,8 @@ def finish_norms(model, records: list[dict], run, opts: Options) -> dict:
     st_norm, st_raw = per("normed"), per("raw")
     share = {"after final norm": [s["high_norm_share"] for s in st_norm],
              "residual stream": [s["high_norm_share"] for s in st_raw]}
-    run.save_figure("norms_hist_normed", figures.norm_histograms(st_norm, "Patch-token norms per block (after final norm)"))
-    run.save_figure("norms_hist_residual", figures.norm_histograms(st_raw, "Patch-token norms per block (residual stream)"))
+    for name, st, where in (("normed", st_norm, "after final norm"), ("residual", st_raw, "residual stream")):
+        run.save_figure(f"norms_hist_{name}", figures.norm_histograms(st, f"Patch-token norms per block ({where})"))
     run.save_figure("high_norm_share", figures.layer_curves(share, "Share of patch tokens in the high-norm mode",
                                                             "share (%)", percent=True))
     for l, v in enumerate(share["after final norm"]):
