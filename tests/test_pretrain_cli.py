@@ -176,7 +176,7 @@ def _demo_split(root: Path, split: str, every: int):
     from PIL import Image
     classes = sorted(p.name for p in (root / "imagefolder" / split).iterdir() if p.is_dir())
     files = sorted((root / "imagefolder" / split).glob("*/*.png"))[::every]
-    x = torch.stack([torch.from_numpy(np.asarray(Image.open(f).convert("RGB"))).permute(2, 0, 1) for f in files])
+    x = torch.stack([torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1) for f in files])
     mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
     x = (x.float() / 255 - mean[:, None, None]) / std[:, None, None]
     return x, torch.tensor([classes.index(f.parent.name) for f in files])
@@ -195,9 +195,10 @@ def _knn_top1(model, train, val, k: int = 20, T: float = 0.07) -> float:
 
 @pytest.mark.timeout(900)
 def test_demo_pretraining_beats_its_random_init_on_knn(tmp_path):
-    """50 DINO steps of the demo preset (batch 64); the teacher's k-NN top-1 (k=20, T=0.07) on held-out demo
-    images, computed here, beats the same network at its exact starting weights (docs/pretraining.md: +2.5 to
-    +5.75 after 50 steps for seeds 0-3)."""
+    """25 DINO steps of the demo preset (batch 64, no warm-up): the teacher's k-NN top-1 (k=20, T=0.07) on
+    held-out demo images, computed here, beats the same network at its exact starting weights. Measured:
+    79.75 -> 82.75 (+3.0, 12 of 400 images); docs/pretraining.md: +1.5 to +2.5 after 25 steps for seeds 0-3 of
+    the 150-step schedule. About 1 min on a quiet 2-core machine (6 min under load 10)."""
     from backbones import backbone_from_checkpoint, create_vit
     from datamodules.demo import ensure_demo_data
 
@@ -208,12 +209,13 @@ def test_demo_pretraining_beats_its_random_init_on_knn(tmp_path):
     extra = tmp_path / "cbs.yaml"
     extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs}}))  # no KNNCheck: the test measures itself
     assert main(["--variant", "entmax", "--runs-dir", str(tmp_path / "runs"), "--preset", "demo",
-                 "--trainer.enable_progress_bar=false", "--trainer.max_epochs=2", f"--config={extra}"]) == 0
+                 "--trainer.enable_progress_bar=false", "--trainer.max_epochs=1", "--model.warmup_epochs=0",
+                 f"--config={extra}"]) == 0
     trained = backbone_from_checkpoint(_ckpt(tmp_path / "runs", "entmax")).eval()
     init = create_vit("vit_demo_patch8", "entmax")
     init.load_state_dict(torch.load(start, weights_only=True))
     root = ensure_demo_data()
     train, val = _demo_split(root, "train", 8), _demo_split(root, "val", 2)  # 2,000 -> 400 images
     before, after = _knn_top1(init.eval(), train, val), _knn_top1(trained, train, val)
-    print(f"k-NN top-1 at the starting weights {before:.2f} -> after 50 steps {after:.2f}")
+    print(f"k-NN top-1 at the starting weights {before:.2f} -> after 25 steps {after:.2f}")
     assert after >= before + 1.0  # at least 4 more of the 400 held-out images right
