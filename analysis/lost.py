@@ -16,13 +16,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Iterable, Iterator
+
 import numpy as np
 import scipy.ndimage
 import torch
 
 from .boxes import box_iou
+from .data import Sample, full_res
+from .shards import Options, pct, vis_lists
 
-__all__ = ["LostResult", "lost", "corloc_hit", "last_block_keys", "CORLOC_IOU"]
+__all__ = ["LostResult", "lost", "corloc_hit", "last_block_keys", "extract_corloc", "finish_corloc", "CORLOC_IOU"]
 
 CORLOC_IOU = 0.5
 
@@ -99,3 +103,47 @@ def last_block_keys(model, images: torch.Tensor) -> torch.Tensor:
     k = attn.k_norm(k) if hasattr(attn, "k_norm") else k
     k = k.transpose(1, 2).reshape(B, T, -1)
     return k[:, model.num_prefix_tokens:]
+
+
+@torch.no_grad()
+def extract_corloc(model, samples: Iterable[Sample], opts: Options) -> Iterator[dict]:
+    """Per image with a GT box: LOST's box on the whole image (zero-padded to the patch grid) and the CorLoc hit."""
+    ps = model.patch_size
+    for s in samples:
+        if s.boxes is None or s.boxes.shape[0] == 0:
+            continue  # LOST evaluates images with at least one GT box
+        x = full_res(s.image, ps)[None].to(opts.device)
+        f = last_block_keys(model, x)[0] if opts.lost_features == "k" else model.extract(x)[-1]["patch"][0]
+        H, W = s.image.shape[-2:]
+        r = lost(f, model.grid_size(x), ps, image_size=(H, W), k_patches=opts.k_patches)
+        hit = corloc_hit(r.box, s.boxes)
+        yield {"index": s.index, "path": s.path, "box": list(r.box), "hit": hit,
+               "vis": {"img": x[0].cpu(),  # the padded input, so the patch grid lines up with the map
+                       "map": torch.from_numpy(r.mask.astype("float32")), "boxes": s.boxes.tolist(),
+                       "pred": [r.box], "cap": "IoU>=0.5" if hit else "miss"}}
+
+
+BOXES_FILE = "lost_boxes.json"
+
+
+def finish_corloc(model, records: list[dict], run, opts: Options) -> dict:
+    """CorLoc over the records; the predicted boxes go to ``lost_boxes.json`` beside results.json."""
+    from . import figures
+
+    if not records:
+        raise RuntimeError("no image with a ground-truth box: CorLoc needs a dataset with boxes (VOC, DATA=demo)")
+    corloc = pct(torch.tensor([r["hit"] for r in records]))
+    run.log_scalar("corloc", corloc)
+    vis = vis_lists(records, opts.num_vis)
+    if vis:
+        run.save_figure("lost_boxes", figures.heatmap_overlays(
+            vis["img"], vis["map"], "LOST: seed component (map), predicted box (red), GT boxes (green)",
+            boxes=vis["boxes"], pred_boxes=vis["pred"], captions=vis["cap"], cmap="Reds"))
+    res = {"corloc": corloc, "n_images": len(records), "features": "last-block keys" if opts.lost_features == "k"
+           else "last-block patch outputs", "k_patches": opts.k_patches, "iou_threshold": CORLOC_IOU,
+           "units": "percent of images"}
+    if getattr(run, "dir", None) is not None:  # a run folder (AnalysisRun): the boxes, to check or reuse
+        from tokenmix.io import atomic_json_dump
+        atomic_json_dump([{k: r[k] for k in ("index", "path", "box", "hit")} for r in records], run.dir / BOXES_FILE)
+        res["boxes_file"] = BOXES_FILE
+    return res

@@ -24,7 +24,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-__all__ = ["patch_norms", "otsu_threshold", "fit_gmm2", "high_norm_mode", "norm_stats", "norm_stats_per_layer"]
+__all__ = ["patch_norms", "otsu_threshold", "fit_gmm2", "high_norm_mode", "norm_stats", "norm_distribution",
+           "norm_stats_per_layer"]
 
 ASHMAN_D_MIN = 2.0
 VALLEY_RATIO = 0.5
@@ -142,7 +143,11 @@ def high_norm_mode(norms: torch.Tensor | np.ndarray) -> dict:
 
 def norm_stats(patch: torch.Tensor, bins: int = 50) -> dict:
     """Norm distribution of one layer's patch tokens (B, N, D): moments, quantiles, log-spaced histogram, high mode."""
-    norms = patch_norms(patch)
+    return norm_distribution(patch_norms(patch), bins)
+
+
+def norm_distribution(norms: torch.Tensor, bins: int = 50) -> dict:
+    """:func:`norm_stats` from the token norms themselves (any shape, e.g. (B, N) of :func:`patch_norms`)."""
     v = norms.flatten().cpu().numpy()
     hm = high_norm_mode(v)
     med = float(np.median(v))

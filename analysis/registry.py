@@ -1,6 +1,7 @@
-"""The analyses behind ``make analyze TASK=...``: one ``Analysis`` per task in ``ANALYSES`` (its runner, default
-split and image budget, headline metric, whether it needs boxes, its VOC image set), in the style of dinov2's
-eval registries. The runners themselves live in ``analysis.tasks`` and ``analysis.votes``.
+"""The analyses behind ``make analyze TASK=...``: one ``Analysis`` per task in ``ANALYSES`` (its two stages,
+default split and image budget, headline metric, whether it needs boxes, its VOC image set), in the style of dinov2's
+eval registries. The stages live in ``analysis.tasks``, ``analysis.lost`` and ``analysis.votes``;
+``extract`` is the backbone forward (sharded over ranks under ``--devices N``), ``finish`` the metrics and figures.
 
     >>> from analysis.registry import ANALYSES, get_analysis
     >>> a = get_analysis("corloc")
@@ -14,19 +15,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .tasks import run_attention, run_corloc, run_norms, run_pca, run_pib
-from .votes import run_votes
+from .lost import extract_corloc, finish_corloc
+from .shards import run_local
+from .tasks import (extract_attention, extract_norms, extract_pca, extract_pib, finish_attention, finish_norms,
+                    finish_pca, finish_pib)
+from .votes import check_votes, extract_votes, finish_votes
 
 
 @dataclass(frozen=True)
 class Analysis:
     name: str
-    runner: Callable  # (model, samples, AnalysisRun, Options) -> metrics
+    extract: Callable  # (model, samples, Options) -> one record per image
+    finish: Callable  # (model, records, AnalysisRun, Options) -> metrics
     metric: str  # the headline metric, printed at the end
     split: str = "val"  # default --split
     max_images: int = 0  # default --max-images (0 = all): the protocols use every image with a box
     needs_boxes: bool = False
     voc_image_set: Optional[str] = None  # VOC image set used unless --image-set (None: the loader's default)
+    check: Optional[Callable] = None  # (model) -> None, raises before any process is spawned
+
+    def runner(self, model, samples, run, opts) -> dict:
+        """Both stages in this process."""
+        return run_local(self.extract, self.finish, model, samples, run, opts)
 
     def headline(self, m: dict) -> str:
         extra = f", pib_aggregated = {m['pib_aggregated']}" if m.get("pib_aggregated") is not None else ""
@@ -34,14 +44,16 @@ class Analysis:
 
 
 ANALYSES: dict[str, Analysis] = {a.name: a for a in [
-    Analysis("pib", run_pib, "pib", needs_boxes=True),
+    Analysis("pib", extract_pib, finish_pib, "pib", needs_boxes=True),
     # the descriptive analyses only need a sample of images
-    Analysis("pca", run_pca, "explained_variance_ratio", max_images=16),
-    Analysis("norms", run_norms, "high_norm_share", max_images=64),
-    Analysis("attention", run_attention, "zero_share", max_images=32),
+    Analysis("pca", extract_pca, finish_pca, "explained_variance_ratio", max_images=16),
+    Analysis("norms", extract_norms, finish_norms, "high_norm_share", max_images=64),
+    Analysis("attention", extract_attention, finish_attention, "zero_share", max_images=32),
     # LOST protocol: VOC detection trainval lists (ImageSets/Main), not the segmentation subset
-    Analysis("corloc", run_corloc, "corloc", split="trainval", needs_boxes=True, voc_image_set="Main"),
-    Analysis("votes", run_votes, "share_of_votes_in_box", needs_boxes=True),  # LaSt-ViT vote maps
+    Analysis("corloc", extract_corloc, finish_corloc, "corloc", split="trainval", needs_boxes=True,
+             voc_image_set="Main"),
+    Analysis("votes", extract_votes, finish_votes, "share_of_votes_in_box", needs_boxes=True,
+             check=check_votes),  # LaSt-ViT vote maps
 ]}
 TASKS = tuple(ANALYSES)
 

@@ -13,13 +13,12 @@ import sys
 import torch
 
 from tokenmix.cli import eval_parent_parser, finish_eval_args
-from tokenmix.launch import count_devices
 from tokenmix.results import backbone_entry
 
 from .data import default_resize, iter_samples, open_dataset
 from .output import AnalysisRun
 from .registry import TASKS, Analysis, get_analysis
-from .tasks import Options
+from .shards import Options, extract_sharded, world_size
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,10 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     get_analysis(args.task.strip())  # an unknown task fails before anything loads
-    finish_eval_args(args)
-    if count_devices("auto" if args.device.startswith("cuda") else "cpu", args.devices) * args.num_nodes > 1:
-        raise ValueError(f"--devices {args.devices} --num-nodes {args.num_nodes}: the analyses run in one process "
-                         "here; use --devices 1")
+    finish_eval_args(args)  # num_nodes > 1 without a cluster launcher is refused here, before any spawn
     if args.ckpt == "pixels":
         raise ValueError("--ckpt pixels: the analyses need a ViT (tokens, attention); use a checkpoint or 'random'")
     return args
@@ -82,16 +78,23 @@ def main(argv=None) -> dict:
     from probes.backbone import resolve_backbone
     args = parse_args(argv)
     a = get_analysis(args.task.strip())
+    world = world_size(args)
+    dataset = open_data(args, a)  # a wrong DATA_ROOT fails before a large checkpoint is read
     info = resolve_backbone(args.ckpt, args.variant, args.arch, 16, seed=args.seed, which=args.which)
-    model = info.model.eval().to(args.device)
+    if a.check is not None:
+        a.check(info.model)
+    model = info.model.eval().to(args.device if world == 1 else "cpu")  # DDP: Lightning places each rank's copy
     # the run folder is named after what the checkpoint really is (a CKPT's recorded variant wins over VARIANT)
     label = args.name or info.run_name
     opts = options(args, model)
-    dataset = open_data(args, a)
     max_images = a.max_images if args.max_images < 0 else args.max_images
+    records = extract_sharded(a.extract, model, dataset, max_images, opts, args) if world > 1 else None
+    if world > 1 and records is None:
+        return {}  # not rank 0: it took part in the extraction; rank 0 computes and writes
     run = AnalysisRun(label, a.name, tensorboard=not args.no_tensorboard)
     try:
-        numbers = a.runner(model, iter_samples(dataset, max_images), run, opts)
+        numbers = (a.finish(model, records, run, opts) if records is not None
+                   else a.runner(model, iter_samples(dataset, max_images), run, opts))
         config = {**vars(args), "split": args.split or a.split, "max_images": max_images, "crop": opts.crop,
                   "resize": opts.resize, "data_root": args.data_root or None}
         out = run.write_results(task=a.name, variant=label, data=args.data, metrics=numbers, config=config,
@@ -106,6 +109,6 @@ def main(argv=None) -> dict:
 if __name__ == "__main__":
     try:
         main()
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
+    except (FileNotFoundError, ValueError, RuntimeError) as e:  # LaunchError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

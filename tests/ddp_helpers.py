@@ -2,7 +2,7 @@
 
 ``RankSeed``: a different RNG stream per rank. ``RankReport``: every rank writes what only it can see (BatchNorm types and running means of the teacher head,
 its world size) to ``<dir>/rank<r>.json`` at the end of training.
-Run as a script: ``probes ...`` (see ``_probes_main``), or ``lightning_modules.pretrain.main`` with an optional pause inside step ``PAUSE_AT_STEP`` (every
+Run as a script: ``probes ...`` / ``analyses ...`` (see ``_probes_main``, ``_analyses_main``), or ``lightning_modules.pretrain.main`` with an optional pause inside step ``PAUSE_AT_STEP`` (every
 rank prints PAUSED and sleeps) so a test can SIGKILL the whole run mid-training.
 """
 from __future__ import annotations
@@ -66,5 +66,16 @@ def _probes_main() -> int:
     return 0
 
 
+def _analyses_main() -> int:
+    """``analyses <common flags> -- <task> <task> ...``: ``analysis.run`` for each task in this one session."""
+    from analysis.run import main
+    args = sys.argv[2:]
+    common, tasks = args[:args.index("--")], args[args.index("--") + 1:]
+    for task in tasks:
+        main(["--task", task, *common])
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(_probes_main() if sys.argv[1:2] == ["probes"] else _pausing_main())
+    mode = {"probes": _probes_main, "analyses": _analyses_main}.get(sys.argv[1] if len(sys.argv) > 1 else "")
+    sys.exit(mode() if mode else _pausing_main())

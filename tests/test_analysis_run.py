@@ -125,6 +125,71 @@ def test_every_task_writes_results_and_pngs(setup, task):
         assert len(m["high_norm_share_per_layer"]) == 2
     if task == "pca":
         assert len(m["explained_variance_ratio"]) == 3 and sum(m["explained_variance_ratio"]) <= 1 + 1e-6
+    if task == "corloc":  # the criterion recomputed on the boxes the run wrote, against the GT drawn in write_voc
+        boxes = json.loads((out / m["boxes_file"]).read_text())
+        hits = [any(_iou(b["box"], g) >= 0.5 for g in _write_voc_gt(b["index"])) for b in boxes]
+        assert [b["index"] for b in boxes] == list(range(5)) and m["corloc"] == pytest.approx(100 * sum(hits) / 5)
+
+
+def _write_voc_gt(i: int) -> list[tuple[int, int, int, int]]:
+    """GT boxes of image i of write_voc as 0-based pixel edges (the XML's xmin - 1, ymin - 1, xmax, ymax)."""
+    x0, y0 = 8 + 3 * i, 6 + 2 * i
+    return [(x0, y0, x0 + 20, y0 + 16)] + ([(0, 0, 10, 12)] if i % 2 else [])
+
+
+def _iou(a, b) -> float:
+    iw, ih = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
+    inter = max(iw, 0) * max(ih, 0)
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+def _write_scenes(root: Path, scenes) -> Path:
+    """A VOC layout of grey images with one red square each; ``scenes``: (W, H, red square, GT boxes) in 0-based
+    pixel edges. Lossless-enough JPEG: no chroma subsampling, edges on the 8-px JPEG blocks."""
+    voc = root / "VOCdevkit" / "VOC2012"
+    for d in ("JPEGImages", "SegmentationClass", "Annotations", "ImageSets/Segmentation"):
+        (voc / d).mkdir(parents=True)
+    ids = []
+    for i, (W, H, (a, b, c, d), gts) in enumerate(scenes):
+        img = np.full((H, W, 3), 110, np.uint8)
+        img[b:d, a:c] = (230, 20, 20)
+        ids.append(f"2008_{i:06d}")
+        Image.fromarray(img).save(voc / "JPEGImages" / f"{ids[-1]}.jpg", quality=100, subsampling=0)
+        Image.fromarray(np.zeros((H, W), np.uint8), mode="L").convert("P").save(voc / "SegmentationClass" / f"{ids[-1]}.png")
+        objs = "".join(f"<object><name>person</name><difficult>0</difficult><bndbox><xmin>{g[0] + 1}</xmin><ymin>"
+                       f"{g[1] + 1}</ymin><xmax>{g[2]}</xmax><ymax>{g[3]}</ymax></bndbox></object>" for g in gts)
+        (voc / "Annotations" / f"{ids[-1]}.xml").write_text(
+            f"<annotation><filename>{ids[-1]}.jpg</filename><size><width>{W}</width><height>{H}</height>"
+            f"<depth>3</depth></size>{objs}</annotation>")
+    (voc / "ImageSets" / "Segmentation" / "trainval.txt").write_text("\n".join(ids) + "\n")
+    return root
+
+
+def test_corloc_known_answer_end_to_end(setup, monkeypatch):
+    """LOST + CorLoc through the CLI, the VOC loader and the JPEG files, with the backbone's keys replaced by
+    hand-built colour features (patch colour minus the image's mean patch colour): the 9 red patches correlate
+    positively with 8 others, every grey one with 38, so the seed is red and LOST's box is the red square, known
+    by construction; which GT boxes it matches at IoU >= 0.5 is known too."""
+    import analysis.lost
+
+    root, _, ckpts = setup
+    red, odd = (16, 8, 40, 32), (24, 16, 48, 40)
+    scenes = [(64, 48, red, [red]),                 # IoU 1: hit
+              (64, 48, red, [(40, 24, 64, 48)]),    # GT elsewhere: miss
+              (64, 48, red, [(16, 8, 40, 20)]),     # IoU 288 / 576 = 0.5 exactly: hit
+              (64, 48, red, [(16, 8, 40, 19)]),     # IoU 264 / 576 < 0.5: miss
+              (70, 50, odd, [(0, 0, 6, 6), odd])]   # padded to 72 x 56; any GT box counts: hit
+    data = _write_scenes(root / "scenes", scenes)
+    monkeypatch.setattr(analysis.lost, "last_block_keys", lambda model, x: (
+        lambda f: f - f.mean(1, keepdim=True))(torch.nn.functional.avg_pool2d(x, 8).flatten(2).transpose(1, 2)))
+    res = _run(root, data, ckpts["softmax"], "corloc", "--no-tensorboard", "--split", "trainval")
+    m = res["metrics"]
+    assert (m["n_images"], m["corloc"]) == (5, 60.0)
+    out = sorted((root / "runs" / "softmax" / "analysis" / "corloc").glob("version_*"))[-1]
+    boxes = json.loads((out / m["boxes_file"]).read_text())
+    assert [tuple(b["box"]) for b in boxes] == [red] * 4 + [odd]
+    assert [b["hit"] for b in boxes] == [True, False, True, False, True]
+    assert [max(_iou(b["box"], g) for g in sc[3]) >= 0.5 for b, sc in zip(boxes, scenes)] == [b["hit"] for b in boxes]
 
 
 def test_lastvit_vote_maps_and_checkpoint_variant_names_the_run(setup):
@@ -159,10 +224,8 @@ def test_clear_errors(setup, tmp_path):
         mp.undo()
 
 
-def test_launch_and_baseline_refusals(setup):
+def test_baseline_and_devices_refusals(setup):  # --devices 2 itself: tests/test_ddp_analysis.py
     root, data, ckpts = setup
-    with pytest.raises(ValueError, match="one process"):
-        analysis_run.main(["--task", "pca", "--ckpt", "random", "--devices", "2"])
     with pytest.raises(ValueError, match="analyses need a ViT"):
         analysis_run.main(["--task", "pca", "--ckpt", "pixels"])
     with pytest.raises(ValueError, match="--devices 'x'"):

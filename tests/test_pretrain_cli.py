@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import lightning.pytorch as pl
 import yaml
 
 from lightning_modules.pretrain import main
@@ -159,3 +160,65 @@ def test_preset_may_be_a_yaml_path(tmp_path):
             "--model.warmup_epochs=0", "--model.warmup_teacher_temp_epochs=0"]
     assert main(args) == 0
     assert list((tmp_path / "runs" / "softmax" / "pretrain" / "my_preset").glob("version_0/checkpoints/last.ckpt"))
+
+
+class StartWeights(pl.Callback):
+    """Saves the teacher backbone's exact starting weights (before the first step)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_train_start(self, trainer, pl_module):
+        if trainer.global_step == 0:
+            torch.save({k: v.detach().clone() for k, v in pl_module.teacher.backbone.state_dict().items()}, self.path)
+
+
+def _demo_split(root: Path, split: str, every: int):
+    """Every ``every``-th image of the demo ImageFolder split: ImageNet-normalised 64 px tensors and class ids."""
+    import numpy as np
+    from PIL import Image
+    classes = sorted(p.name for p in (root / "imagefolder" / split).iterdir() if p.is_dir())
+    files = sorted((root / "imagefolder" / split).glob("*/*.png"))[::every]
+    x = torch.stack([torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1) for f in files])
+    mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
+    x = (x.float() / 255 - mean[:, None, None]) / std[:, None, None]
+    return x, torch.tensor([classes.index(f.parent.name) for f in files])
+
+
+@torch.no_grad()
+def _knn_top1(model, train, val, k: int = 20, T: float = 0.07) -> float:
+    """facebookresearch/dino eval_knn.knn_classifier, transcribed: cosine similarity of the [CLS] features,
+    top-k neighbours weighted by exp(sim / T), the class with the largest summed weight."""
+    feats = lambda x: torch.nn.functional.normalize(torch.cat([model(b) for b in x.split(256)]), dim=1)  # noqa: E731
+    ftr, fva = feats(train[0]), feats(val[0])
+    sim, idx = (fva @ ftr.T).topk(k, dim=1)
+    votes = torch.zeros(len(fva), int(train[1].max()) + 1).scatter_add_(1, train[1][idx], (sim / T).exp())
+    return 100.0 * (votes.argmax(1) == val[1]).float().mean().item()
+
+
+@pytest.mark.timeout(900)
+def test_demo_pretraining_beats_its_random_init_on_knn(tmp_path):
+    """25 DINO steps of the demo preset (batch 64, no warm-up): the teacher's k-NN top-1 (k=20, T=0.07) on
+    held-out demo images, computed here, beats the same network at its exact starting weights. Measured:
+    79.75 -> 82.75 (+3.0, 12 of 400 images); docs/pretraining.md: +1.5 to +2.5 after 25 steps for seeds 0-3 of
+    the 150-step schedule. About 1 min on a quiet 2-core machine (6 min under load 10)."""
+    from backbones import backbone_from_checkpoint, create_vit
+    from datamodules.demo import ensure_demo_data
+
+    start = tmp_path / "start.pt"
+    demo = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/pretrain/demo.yaml").read_text())
+    cbs = [c for c in demo["trainer"]["callbacks"] if c["class_path"].endswith("ModelCheckpoint")]
+    cbs.append({"class_path": f"{__name__}.StartWeights", "init_args": {"path": str(start)}})
+    extra = tmp_path / "cbs.yaml"
+    extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs}}))  # no KNNCheck: the test measures itself
+    assert main(["--variant", "entmax", "--runs-dir", str(tmp_path / "runs"), "--preset", "demo",
+                 "--trainer.enable_progress_bar=false", "--trainer.max_epochs=1", "--model.warmup_epochs=0",
+                 f"--config={extra}"]) == 0
+    trained = backbone_from_checkpoint(_ckpt(tmp_path / "runs", "entmax")).eval()
+    init = create_vit("vit_demo_patch8", "entmax")
+    init.load_state_dict(torch.load(start, weights_only=True))
+    root = ensure_demo_data()
+    train, val = _demo_split(root, "train", 8), _demo_split(root, "val", 2)  # 2,000 -> 400 images
+    before, after = _knn_top1(init.eval(), train, val), _knn_top1(trained, train, val)
+    print(f"k-NN top-1 at the starting weights {before:.2f} -> after 25 steps {after:.2f}")
+    assert after >= before + 1.0  # at least 4 more of the 400 held-out images right

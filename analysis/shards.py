@@ -1,0 +1,171 @@
+"""How the analyses batch images, and how ``make analyze ARGS="--devices N --num-nodes M"`` shards them.
+
+Every analysis is two stages (named per task in ``analysis.registry``):
+
+- ``extract(model, samples, opts)`` yields one *record* per image: a dict with the sample's ``index``, CPU
+  tensors / numbers, and optionally ``vis`` (what the figures show of that image). This is the backbone forward
+  over the dataset, the costly part;
+- ``finish(model, records, run, opts)`` computes the metrics on all records (in dataset order) and draws the
+  figures.
+
+One process runs both in a loop (:func:`run_local`). Several run ``extract`` under Lightning DDP
+(:func:`extract_sharded`): rank r embeds images r, r + world, r + 2 world, ... (no padding, so no image is
+counted twice), the records are gathered on rank 0 by index (duplicates dropped), and rank 0 alone runs
+``finish`` and writes results.json, figures and TensorBoard. Only the first ``num_vis`` records keep ``vis``.
+
+    >>> merge([[{"index": 0}, {"index": 2}], [{"index": 1}, {"index": 2}]])
+    [{'index': 0}, {'index': 1}, {'index': 2}]
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+
+from tokenmix.launch import count_devices, ddp_strategy
+
+from .data import Sample, eval_crop, iter_samples
+
+
+@dataclass
+class Options:
+    crop: int = 224
+    resize: int = 256
+    batch_size: int = 16
+    num_vis: int = 8
+    pib_subset: str = "all"  # "all" images with boxes | "single_small" (LAST-ViT ImageNet filter)
+    fg_threshold: float = 0.5
+    lost_features: str = "k"  # "k" (last-block keys, LOST default) | "patch" (last-block outputs)
+    k_patches: int = 100
+    device: str = "cpu"
+
+
+def batches(samples: Iterable[Sample], opts: Options, need_boxes: bool = False):
+    """Yield (samples, normalised crops (B, 3, crop, crop), geometries) batches of the eval view."""
+    buf = []
+    for s in samples:
+        if need_boxes and (s.boxes is None or s.boxes.shape[0] == 0):
+            continue
+        buf.append(s)
+        if len(buf) == opts.batch_size:
+            yield _stack(buf, opts)
+            buf = []
+    if buf:
+        yield _stack(buf, opts)
+
+
+def _stack(buf, opts):
+    xs, rcs = zip(*(eval_crop(s.image, opts.resize, opts.crop) for s in buf))
+    return buf, torch.stack(xs).to(opts.device), list(rcs)
+
+
+def pct(hits: torch.Tensor) -> float | None:
+    return None if hits.numel() == 0 else round(100.0 * hits.float().mean().item(), 3)
+
+
+def collect(records: Iterable[dict], num_vis: int, out: list | None = None) -> list[dict]:
+    """Append ``records`` to ``out``, keeping ``vis`` on the first ``num_vis`` that have one (bounded memory)."""
+    out = [] if out is None else out
+    shown = sum("vis" in r for r in out)
+    for r in records:
+        if "vis" in r and shown >= num_vis:
+            r = {k: v for k, v in r.items() if k != "vis"}
+        shown += "vis" in r
+        out.append(r)
+    return out
+
+
+def merge(parts: Iterable[list[dict]]) -> list[dict]:
+    """Records of every rank -> one list in dataset order, each index once."""
+    seen: dict[int, dict] = {}
+    for part in parts:
+        for r in part:
+            seen.setdefault(int(r["index"]), r)
+    return [seen[i] for i in sorted(seen)]
+
+
+def vis_lists(records: list[dict], num_vis: int) -> dict[str, list]:
+    """The ``vis`` entries of the first ``num_vis`` records that have one, as lists per key."""
+    shown = [r["vis"] for r in records if "vis" in r][:num_vis]
+    return {k: [v[k] for v in shown] for k in (shown[0] if shown else {})}
+
+
+def run_local(extract: Callable, finish: Callable, model, samples: Iterable[Sample], run, opts: Options) -> dict:
+    """Both stages in this process: the single-device ``make analyze``."""
+    return finish(model, collect(extract(model, samples, opts), opts.num_vis), run, opts)
+
+
+# --------------------------------------------------------------------------- several processes
+
+def world_size(args) -> int:
+    """Processes of the run (devices x nodes), from flags ``tokenmix.cli.finish_eval_args`` has checked."""
+    return count_devices(accelerator(args), args.devices) * int(args.num_nodes)
+
+
+def accelerator(args) -> str:
+    return "gpu" if str(args.device).startswith("cuda") else "cpu"
+
+
+def _sample(dataset, i: int) -> Sample | None:
+    """Dataset item ``i`` as a ``Sample`` (None for a dropped corrupt file), the way ``iter_samples`` reads it."""
+    from torch.utils.data import Subset
+    s = next(iter_samples(Subset(dataset, [i])), None)
+    return None if s is None else dataclasses.replace(s, index=i)
+
+
+def _module(extract: Callable, model, dataset, n: int, opts: Options):
+    """LightningModule whose ``trainer.predict`` runs ``extract`` on this rank's images and leaves all records,
+    gathered and merged, in ``.records`` on rank 0 (None elsewhere)."""
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    class ShardedExtraction(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.backbone = model
+            self.records, self._local = None, []
+
+        def predict_dataloader(self):
+            mine = list(range(self.global_rank, n, self.trainer.world_size))  # strided shard, no padding
+            return DataLoader(mine, batch_size=opts.batch_size, shuffle=False,
+                              collate_fn=lambda idx: [s for i in idx if (s := _sample(dataset, i)) is not None])
+
+        def transfer_batch_to_device(self, batch, device, dataloader_idx):
+            return batch  # Samples stay as read; ``extract`` moves its crops to ``opts.device``
+
+        def on_predict_epoch_start(self):
+            self._local, self._opts = [], dataclasses.replace(opts, device=str(self.device))
+
+        def predict_step(self, batch, batch_idx):
+            collect(extract(self.backbone, batch, self._opts), opts.num_vis, self._local)
+
+        def on_predict_epoch_end(self):  # every rank: gather_object is a collective
+            parts = [None] * self.trainer.world_size if self.global_rank == 0 else None
+            torch.distributed.gather_object(self._local, parts, dst=0)
+            self.records = merge(parts) if self.global_rank == 0 else None
+            self._local = []
+
+    return ShardedExtraction()
+
+
+def extract_sharded(extract: Callable, model, dataset, max_images: int, opts: Options, args) -> list[dict] | None:
+    """``extract`` over the first ``max_images`` (0 = all) images of ``dataset`` with Lightning DDP on
+    ``args.devices`` x ``args.num_nodes`` processes: the merged records on rank 0, None on the other ranks."""
+    import warnings
+
+    import lightning as L
+
+    n = len(dataset) if not max_images else min(len(dataset), int(max_images))
+    acc = accelerator(args)
+    trainer = L.Trainer(accelerator=acc, devices=args.devices, num_nodes=args.num_nodes,
+                        strategy=ddp_strategy("auto", acc, args.devices, args.num_nodes, args.dist_timeout),
+                        use_distributed_sampler=False, logger=False, enable_checkpointing=False,
+                        enable_model_summary=False, enable_progress_bar=False)
+    module = _module(extract, model, dataset, n, opts)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(module\\(s\\) in eval mode|does not have many workers"
+                                "|predict returned None).*")
+        trainer.predict(module, return_predictions=False)
+    return module.records if trainer.global_rank == 0 else None
