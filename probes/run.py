@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from torch.utils.data import Subset
 
 from tokenmix.io import CheckpointError
 from tokenmix.launch import (LaunchError, cluster_num_nodes, count_devices, ddp_strategy, global_rank,
                              refuse_unlaunched_multinode, wants_sync_batchnorm)
 
 from .backbone import BackboneInfo, resolve_backbone
-from .data import ProbeDataset, build_split, collate, resolve_data
+from .data import probe_datamodule, resolve_data
 from .features import FeatureSpec, FrozenFeatures, extraction_module
 from tokenmix.knn import DEFAULT_KS, knn_top1_topk
 from .results import write_results
@@ -121,22 +120,6 @@ def parse_layers(layer: str, depth: int) -> list[Optional[list[int]]]:
     return [[b % depth] for b in blocks]
 
 
-def _subset(ds, n: Optional[int]):
-    """N evenly spaced samples (class-sorted folders: every class stays represented)."""
-    if not n or n >= len(ds):
-        return ds
-    return Subset(ds, torch.linspace(0, len(ds) - 1, n).round().long().unique().tolist())
-
-
-def _num_classes(ds, task: TaskSpec) -> int:
-    base = ds.dataset if isinstance(ds, Subset) else ds
-    classes = getattr(base, "classes", None)
-    if classes:
-        return len(classes)
-    labels = [int(base[i]["label"]) for i in range(len(base))]  # small datasets without a class list
-    return max(labels) + 1 if labels else task.num_classes
-
-
 def make_trainer(args, **kw):
     """A Lightning Trainer on ``--accelerator`` x ``--devices`` x ``--num-nodes`` (DDP with a process-group
     timeout when more than one process); our modules shard their own data (use_distributed_sampler=False)."""
@@ -148,25 +131,15 @@ def make_trainer(args, **kw):
                      enable_model_summary=False, enable_progress_bar=args.progress, **kw)
 
 
-def extract_all(args, features: FrozenFeatures, datasets, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(features, labels) of each dataset, sharded over the processes and gathered on every rank."""
+def extract_all(args, features: FrozenFeatures, dm) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(features, labels) of each split of ``dm``, sharded over the processes and gathered on every rank."""
     import warnings
-    module = extraction_module(features, datasets, batch_size, args.num_workers, collate)
+    module = extraction_module(features)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(module\\(s\\) in eval mode|does not have many workers).*")
-        make_trainer(args, logger=False, enable_checkpointing=False).predict(module, return_predictions=False)
+        make_trainer(args, logger=False, enable_checkpointing=False).predict(module, datamodule=dm,
+                                                                             return_predictions=False)
     return module.results
-
-
-def seg_num_classes(ds, dataset: str, root: Path, task: TaskSpec) -> int:
-    """The demo VOC layout has 9 classes (background + 8 shapes; data/demo/classes.json), not VOC's 21."""
-    if dataset.startswith("demo_"):
-        import json
-        meta = root / "classes.json"
-        if meta.is_file():
-            return int(json.loads(meta.read_text())["num_classes"]["segmentation"])
-    base = ds.dataset if isinstance(ds, Subset) else ds
-    return len(base.classes) if getattr(base, "classes", None) else task.num_classes
 
 
 def _device(accelerator: str) -> torch.device:
@@ -175,22 +148,18 @@ def _device(accelerator: str) -> torch.device:
     return torch.device("cpu")
 
 
-def run_knn(args, task, info: BackboneInfo, train_base, val_base, blocks, size, logger) -> dict[str, Any]:
+def run_knn(args, task, info: BackboneInfo, dm, blocks, logger) -> dict[str, Any]:
     spec = FeatureSpec(kind="cls", n_last_blocks=1, blocks=blocks)  # DINO eval_knn: last-block [CLS]
     features = FrozenFeatures(info.model, spec)
-    ps = getattr(info.model, "patch_size", 16)
-    bs = args.batch_size or 64
     dev = _device(args.accelerator)
-    # DINO eval_knn: Resize 256 + CenterCrop 224 for both splits
-    t0 = time.perf_counter()
-    (ftr, ytr), (fva, yva) = extract_all(args, features, [ProbeDataset(train_base, size, "cls_val", ps),
-                                                          ProbeDataset(val_base, size, "cls_val", ps)], bs)
+    t0 = time.perf_counter()  # DINO eval_knn: Resize 256 + CenterCrop 224 for both splits (the DataModule's views)
+    (ftr, ytr), (fva, yva) = extract_all(args, features, dm)
     if global_rank() != 0:  # every rank took part in the extraction; rank 0 votes and reports
         return {}
     ks = [int(k) for k in str(args.knn_k).split(",") if k.strip()]
     if dev.type == "cuda":  # similarity matrix on the GPU (DINO keeps the features there too)
         ftr, fva = ftr.to(dev), fva.to(dev)
-    res = knn_top1_topk(ftr, ytr, fva, yva, _num_classes(train_base, task), ks=ks, T=args.knn_t)
+    res = knn_top1_topk(ftr, ytr, fva, yva, dm.num_classes, ks=ks, T=args.knn_t)
     metrics = {"top1": {k: v["top1"] for k, v in res.items()}, "top5": {k: v["top5"] for k, v in res.items()},
                "num_train": len(ytr), "num_val": len(yva), "seconds": time.perf_counter() - t0}
     if logger is not None:
@@ -200,36 +169,29 @@ def run_knn(args, task, info: BackboneInfo, train_base, val_base, blocks, size, 
     return metrics
 
 
-def build_probe(args, task, info: BackboneInfo, train_base, val_base, blocks, size, dataset: str, root: Path):
-    ps = getattr(info.model, "patch_size", 16)
-    kw = dict(batch_size=args.batch_size or (256 if task.kind == "linear" else 16), num_workers=args.num_workers,
-              cache_dtype=torch.float16 if args.cache_fp16 else torch.float32)
+def build_probe(args, task, info: BackboneInfo, dm, blocks, dataset: str):
+    kw = dict(cache_dtype=torch.float16 if args.cache_fp16 else torch.float32)
     if task.kind == "linear":
         from .module_linear import LinearClassificationProbe
         aug = not args.no_aug
         spec = FeatureSpec(kind="cls", n_last_blocks=min(4, getattr(info.model, "depth", 1)), blocks=blocks)
         features = FrozenFeatures(info.model, spec)
-        train = ProbeDataset(train_base, size, "cls_train" if aug else "cls_val", ps)
-        val = ProbeDataset(val_base, size, "cls_val", ps)
-        return LinearClassificationProbe(features, train, val, _num_classes(train_base, task), lr=args.lr,
+        return LinearClassificationProbe(features, dm, dm.num_classes, lr=args.lr,
                                          cache=not aug and not args.no_cache, **kw), spec
     with_cls = args.with_cls if args.with_cls is not None else task.kind == "depth"
     n_last = 4 if args.head == "linear4" else 1
     spec = FeatureSpec(kind="dense", n_last_blocks=min(n_last, getattr(info.model, "depth", 1)), blocks=blocks,
                        with_cls=with_cls)
     features = FrozenFeatures(info.model, spec)
-    train = ProbeDataset(train_base, size, "dense_train", ps)
-    val = ProbeDataset(val_base, size, "dense_val", ps)
     cache = not args.no_cache
     if task.kind == "seg":
         from .module_seg import SegmentationProbe
-        num_classes = seg_num_classes(val_base, dataset, root, task)
-        return SegmentationProbe(features, train, val, num_classes, cache=cache,
+        return SegmentationProbe(features, dm, dm.num_classes, cache=cache,
                                  **({"lr": args.lr} if args.lr else {}), **kw), spec
     from .module_depth import DepthProbe
     from .tasks import depth_eval_settings
     lo, hi, crop, clip = depth_eval_settings(dataset)
-    return DepthProbe(features, train, val, min_depth=lo, max_depth=hi, crop=crop, clip=clip,
+    return DepthProbe(features, dm, min_depth=lo, max_depth=hi, crop=crop, clip=clip,
                       classify=args.depth_head == "bins", norm=args.bin_norm, cache=cache,
                       **({"lr": args.lr} if args.lr else {}), **kw), spec
 
@@ -306,13 +268,16 @@ def main(argv: Optional[list[str]] = None) -> Optional[Path]:
     info = resolve_backbone(args.ckpt, args.variant, arch, args.patch_size or (8 if demo else 16), seed=args.seed,
                             which=args.which)
     name, root = resolve_data(task, args.data, args.data_root)
-    train_base = _subset(build_split(name, root, args.train_split), args.max_samples)
-    val_base = _subset(build_split(name, root, args.val_split or task.val_split), args.max_samples)
     if args.img_size:
         size = tuple(int(v) for v in str(args.img_size).split(","))
         size = size * 2 if len(size) == 1 else size
     else:
         size = task.demo_img_size if demo else task.img_size
+    dm = probe_datamodule(task, name, root, size, getattr(info.model, "patch_size", 16), num_workers=args.num_workers,
+                          batch_size=args.batch_size or {"knn": 64, "linear": 256}.get(task.kind, 16),
+                          aug=not args.no_aug, train_split=args.train_split, val_split=args.val_split,
+                          max_samples=args.max_samples)
+    dm.setup("fit")
 
     from lightning.pytorch.loggers import TensorBoardLogger
     from tokenmix.paths import RUNS
@@ -330,10 +295,10 @@ def main(argv: Optional[list[str]] = None) -> Optional[Path]:
         sub = logger if len(layers) == 1 else TensorBoardLogger(save_dir=str(log_dir), name=key, version="",
                                                                 default_hp_metric=False)
         if task.kind == "knn":
-            per_layer[key] = run_knn(args, task, info, train_base, val_base, blocks, size, sub)
+            per_layer[key] = run_knn(args, task, info, dm, blocks, sub)
             spec_desc = FeatureSpec(kind="cls", blocks=blocks).describe()
             continue
-        module, spec = build_probe(args, task, info, train_base, val_base, blocks, size, name, root)
+        module, spec = build_probe(args, task, info, dm, blocks, name)
         spec_desc = spec.describe()
         per_layer[key] = fit_probe(args, module, sub, args.max_epochs or DEFAULT_EPOCHS[task.kind])
         if global_rank() == 0:
@@ -346,7 +311,7 @@ def main(argv: Optional[list[str]] = None) -> Optional[Path]:
     metrics = per_layer["default"] if list(per_layer) == ["default"] else {"layers": per_layer}
     config = {k: v for k, v in vars(args).items()}
     config.update(dataset=name, data_root=str(root), img_size=list(size), features=spec_desc,
-                  val_split=args.val_split or task.val_split, num_train=len(train_base), num_val=len(val_base))
+                  val_split=args.val_split or task.val_split, num_train=len(dm.train_set), num_val=len(dm.val_set))
     marker = root / ".demo_complete.json"
     if name.startswith("demo_") and marker.is_file():  # which generation of the demo data was measured
         config["demo_data"] = json.loads(marker.read_text())
