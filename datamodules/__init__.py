@@ -115,8 +115,8 @@ def build_dataset(name: str, root, split: str, transform=None, **kw) -> BaseData
 
 
 __all__ = ["build_dataset", "resolve_data", "canonical_name", "DATASETS", "DATASET_NAMES", "IGNORE_INDEX",
-           "BaseDataset", "ImageNetDataset", "VOCDataset", "VOC07Dataset", "VOCAugDataset", "ADE20KDataset", "CityscapesDataset",
-           "NYUv2Dataset",
+           "BaseDataset", "ImageNetDataset", "VOCDataset", "VOC07Dataset", "VOCAugDataset", "ADE20KDataset",
+           "CityscapesDataset", "NYUv2Dataset",
            "SUNRGBDDataset", "KITTIDataset", "DatasetError", "UnknownDatasetError", "MissingDataError",
            "SplitFileError", "EmptyDatasetError", "SampleError", "CorruptFileError", "LabelRangeError",
            "SizeMismatchError", "DepthFormatError"]
