@@ -2,7 +2,7 @@
 prediction images for a fixed set of validation samples."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import lightning as L
 import torch
