@@ -1,4 +1,4 @@
-"""Images (and boxes) for the analyses, from the project's dataset loaders, plus the eval transforms.
+"""Images (and boxes) for the analyses, through the DataModule layer the probes use, plus the eval transforms.
 
 Two image pipelines:
   * ``eval_crop``: Resize(short side -> resize, bicubic) + CenterCrop(crop) + ImageNet normalisation: the
@@ -17,10 +17,6 @@ from datamodules.transforms.views import eval_resize as default_resize  # noqa: 
 from datamodules.transforms.views import eval_view, normalize
 
 from .boxes import ResizeCrop, map_boxes, resize_crop_params
-
-# which dataset each DATA name opens, and with which loader options
-BOX_DATASETS = ("voc", "imagenet", "demo")
-
 
 def eval_crop(img: torch.Tensor, resize: int, crop: int) -> tuple[torch.Tensor, ResizeCrop]:
     """uint8 (3, H, W) -> normalised (3, crop, crop) and the geometry that maps boxes the same way."""
@@ -44,23 +40,21 @@ class Sample:
 
 
 def open_dataset(data: str, data_root: str | None, split: str, boxes: bool, **kw):
-    """The dataset behind DATA/DATA_ROOT. DATA=demo -> the generated demo VOC (with boxes) under data/demo."""
-    from datamodules import build_dataset
+    """Split ``split`` of the dataset behind DATA/DATA_ROOT, items as stored (plus "index"), opened by the same
+    DataModule layer as the probes (``datamodules.resolve_data`` + ``DataModuleBase``). DATA=demo -> the generated
+    demo VOC (with boxes), in DATA_ROOT when given, else data/demo. A map-style Dataset."""
+    from datamodules import resolve_data
+    from datamodules.datamodule_base import DataModuleBase
 
-    if data in ("", None, "demo"):
-        from datamodules.demo import ensure_demo_data
-        root = ensure_demo_data()
-        return build_dataset("demo_voc", root, split, **({"boxes": True} if boxes else {}), **kw)
-    if not data_root:
-        raise FileNotFoundError(
-            f"DATA={data} needs DATA_ROOT=<folder with the {data} dataset> (see docs/data.md for the expected "
-            "layout), or use DATA=demo for the built-in generated data.")
+    name, root = resolve_data(data, data_root, "demo_voc")
     opts = dict(kw)
-    if boxes and data.startswith("voc"):
+    if boxes and name.startswith(("voc", "demo_voc")):
         opts.setdefault("boxes", True)
-    if boxes and data == "imagenet":
+    if boxes and name == "imagenet":
         opts.setdefault("boxes", "auto")
-    return build_dataset(data, data_root, split, **opts)
+    dm = DataModuleBase(name, str(root), train_split="", val_split=split, dataset_kwargs=opts)
+    dm.setup("validate")
+    return dm.val_set
 
 
 def iter_samples(dataset, max_images: int | None = None) -> Iterator[Sample]:

@@ -60,7 +60,7 @@ def _measure(cfg: dict, cache: bool) -> tuple[list[float], int]:
     import lightning as L
 
     from backbones import create_vit
-    from probes.data import ProbeDataset
+    from datamodules.segmentation import SegmentationDataModule
     from probes.features import FeatureSpec, FrozenFeatures
     from probes.module_seg import SegmentationProbe
 
@@ -75,10 +75,12 @@ def _measure(cfg: dict, cache: bool) -> tuple[list[float], int]:
     vit.extract = counting
     feats = FrozenFeatures(vit, FeatureSpec(kind="dense", with_cls=True))
     p = vit.patch_size
-    train = ProbeDataset(_Scenes(cfg["n_train"], cfg["img"], 0), cfg["img"], "dense_train", p)
-    val = ProbeDataset(_Scenes(cfg["n_val"], cfg["img"], 1), cfg["img"], "dense_val", p)
-    module = SegmentationProbe(feats, train, val,
-                               num_classes=5, batch_size=cfg["batch"], cache=cache)
+
+    class SceneData(SegmentationDataModule):  # the probes' DataModule over the in-memory scenes
+        def _build(self, split, train=False):
+            return _Scenes(cfg["n_train"] if train else cfg["n_val"], cfg["img"], 0 if train else 1)
+    data = SceneData("voc", "", img_size=cfg["img"], patch_size=p, batch_size=cfg["batch"])
+    module = SegmentationProbe(feats, data, num_classes=5, cache=cache)
     timer = _epoch_timer()
     trainer = L.Trainer(max_epochs=cfg["epochs"], logger=False, enable_checkpointing=False, num_sanity_val_steps=0,
                         reload_dataloaders_every_n_epochs=1, enable_model_summary=False, enable_progress_bar=False,

@@ -77,6 +77,34 @@ def _demo_root(name: str, root) -> Path:
     return base
 
 
+def resolve_data(data: str, data_root, demo: str) -> tuple[str, Path]:
+    """(dataset name, root) that a DATA / DATA_ROOT pair names. DATA ``demo`` (or ''): the generated dataset ``demo``
+    (e.g. "demo_voc") in DATA_ROOT when given (an existing demo folder, e.g. a smaller one the tests generate), else
+    in data/demo (generated on first use, ``make demo-data``). A real dataset needs DATA_ROOT.
+
+    >>> resolve_data("voc", "", "demo_voc")
+    Traceback (most recent call last):
+    ...
+    datamodules.errors.MissingDataError: --data voc needs --data-root (DATA_ROOT=/path): ...
+    """
+    data = (data or "demo").strip()
+    if data == "demo":
+        if data_root:
+            root = Path(data_root).expanduser()
+            if not (root / "classes.json").is_file():
+                raise MissingDataError(f"--data demo --data-root {root}: not a demo data folder (no classes.json). "
+                                       "Leave DATA_ROOT empty to use/generate data/demo (make demo-data).")
+            return demo, root
+        from .demo import ensure_demo_data
+        return demo, Path(ensure_demo_data())
+    if not data_root:
+        raise MissingDataError(
+            f"--data {data} needs --data-root (DATA_ROOT=/path): the folder that holds the '{data}' dataset in its "
+            "standard layout (see docs/data.md; check it with `make check-data`), or use DATA=demo for the "
+            "built-in generated data.")
+    return data, Path(data_root).expanduser()  # a missing folder: build_dataset names the layout it expects
+
+
 def build_dataset(name: str, root, split: str, transform=None, **kw) -> BaseDataset:
     """Open dataset ``name`` (see DATASET_NAMES) at ``root`` ('' / None: error, except demo_* -> data/demo)."""
     key = canonical_name(name)
@@ -86,9 +114,9 @@ def build_dataset(name: str, root, split: str, transform=None, **kw) -> BaseData
     return DATASETS[key](root, split, transform=transform, **kw)
 
 
-__all__ = ["build_dataset", "canonical_name", "DATASETS", "DATASET_NAMES", "IGNORE_INDEX", "BaseDataset",
-           "ImageNetDataset", "VOCDataset", "VOC07Dataset", "VOCAugDataset", "ADE20KDataset", "CityscapesDataset",
-           "NYUv2Dataset",
+__all__ = ["build_dataset", "resolve_data", "canonical_name", "DATASETS", "DATASET_NAMES", "IGNORE_INDEX",
+           "BaseDataset", "ImageNetDataset", "VOCDataset", "VOC07Dataset", "VOCAugDataset", "ADE20KDataset",
+           "CityscapesDataset", "NYUv2Dataset",
            "SUNRGBDDataset", "KITTIDataset", "DatasetError", "UnknownDatasetError", "MissingDataError",
            "SplitFileError", "EmptyDatasetError", "SampleError", "CorruptFileError", "LabelRangeError",
            "SizeMismatchError", "DepthFormatError"]

@@ -189,7 +189,8 @@ class VoteMaps(pl.Callback):
             ds = trainer.datamodule.eval_dataset()
             idx = torch.linspace(0, len(ds) - 1, min(self.num_images, len(ds))).round().long().tolist()
             self._images = torch.stack([ds[i][0] for i in idx])
-            mean, std = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+            from datamodules.transforms.views import IMAGENET_MEAN, IMAGENET_STD
+            mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
             tb.add_images("votes/inputs", (self._images * std + mean).clamp(0, 1), trainer.global_step)
         was = model.training
         model.eval()

@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn as nn
 
+from datamodules.datamodule_base import shard_indices
 from datamodules.transforms.views import normalize
 
 
@@ -107,44 +108,34 @@ class FeatureCache:
         return torch.stack([self.feats[int(i)] for i in indices]).to(device=device, dtype=torch.float32)
 
 
-def shard_indices(n: int, rank: int, world: int) -> list[int]:
-    """The samples rank ``rank`` of ``world`` handles: every world-th, no padding (so none is counted twice).
-
-    >>> shard_indices(5, 1, 2)
-    [1, 3]
-    """
-    return list(range(rank, n, world))
-
-
 def gather_shards(local: torch.Tensor, n: int, rank: int, world: int, all_gather) -> torch.Tensor:
-    """Inverse of ``shard_indices``: each rank's (len(shard), ...) rows -> all ``n`` rows in dataset order, on
-    every rank. ``all_gather(t) -> (world, *t.shape)`` is a collective (e.g. ``trainer.strategy.all_gather``):
-    every rank must call this. Shards differ in length by at most one; they are padded for the collective and
-    the padding is dropped again."""
+    """Inverse of ``shard_indices`` (``datamodules.datamodule_base``): each rank's (len(shard), ...) rows -> all
+    ``n`` rows in dataset order, on every rank. ``all_gather(t) -> (world, *t.shape)`` is a collective (e.g.
+    ``trainer.strategy.all_gather``): every rank must call this. Shards differ in length by at most one; they are
+    padded for the collective and the padding is dropped again."""
     if world == 1:
         return local
     per = -(-n // world)
-    if local.shape[0] != len(range(rank, n, world)):
-        raise ValueError(f"rank {rank}: {local.shape[0]} rows, but its shard of {n} has {len(range(rank, n, world))}")
+    mine = len(shard_indices(n, rank, world))
+    if local.shape[0] != mine:
+        raise ValueError(f"rank {rank}: {local.shape[0]} rows, but its shard of {n} has {mine}")
     padded = torch.cat([local, local.new_zeros((per - local.shape[0], *local.shape[1:]))])
     gathered = all_gather(padded).reshape(world, per, *local.shape[1:])
     out = local.new_empty((n, *local.shape[1:]))
     for r in range(world):
-        out[r::world] = gathered[r, :len(range(r, n, world))].to(out.device)
+        out[r::world] = gathered[r, :len(shard_indices(n, r, world))].to(out.device)
     return out
 
 
-def extraction_module(features: FrozenFeatures, datasets: Sequence, batch_size: int, num_workers: int = 0,
-                      collate_fn=None):
-    """A LightningModule whose ``trainer.predict`` embeds every dataset in ``datasets`` (items with "image" and
-    "label"), each rank its ``shard_indices`` part, and gathers them: afterwards ``module.results[i]`` is
-    (features, labels) of dataset i in dataset order, identical on every rank.
+def extraction_module(features: FrozenFeatures):
+    """A LightningModule whose ``trainer.predict(module, datamodule=dm)`` embeds every split of ``dm`` (items with
+    "image" and "label"; a ``datamodules`` DataModule shards each split without padding) and gathers them:
+    afterwards ``module.results[i]`` is (features, labels) of split i in dataset order, identical on every rank.
 
-    >>> # m = extraction_module(FrozenFeatures(vit, FeatureSpec(kind="cls")), [train, val], 64)
-    >>> # L.Trainer(devices=2, use_distributed_sampler=False).predict(m, return_predictions=False); m.results
+    >>> # m = extraction_module(FrozenFeatures(vit, FeatureSpec(kind="cls")))
+    >>> # L.Trainer(devices=2).predict(m, datamodule=ClassificationDataModule(...), return_predictions=False)
     """
     import lightning as L
-    from torch.utils.data import DataLoader, Subset
 
     class FeatureExtraction(L.LightningModule):
         def __init__(self):
@@ -153,13 +144,8 @@ def extraction_module(features: FrozenFeatures, datasets: Sequence, batch_size: 
             self.results: list[tuple[torch.Tensor, torch.Tensor]] = []
             self._local: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
 
-        def predict_dataloader(self):
-            rank, world = self.global_rank, self.trainer.world_size
-            return [DataLoader(Subset(ds, shard_indices(len(ds), rank, world)), batch_size=batch_size,
-                               shuffle=False, num_workers=num_workers, collate_fn=collate_fn) for ds in datasets]
-
         def on_predict_epoch_start(self) -> None:
-            self._local = [[] for _ in datasets]
+            self._local = [[] for _ in self.trainer.predict_dataloaders]
 
         def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
             self._local[dataloader_idx].append((self.features(batch["image"]).float(),
@@ -168,11 +154,12 @@ def extraction_module(features: FrozenFeatures, datasets: Sequence, batch_size: 
         def on_predict_epoch_end(self) -> None:  # every rank: all_gather is a collective
             rank, world = self.global_rank, self.trainer.world_size
             self.results = []
-            for ds, parts in zip(datasets, self._local):
+            for loader, parts in zip(self.trainer.predict_dataloaders, self._local):
+                n = len(loader.dataset)
                 f = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, features.out_dim, device=self.device)
                 y = torch.cat([p[1] for p in parts]) if parts else torch.zeros(0, dtype=torch.long, device=self.device)
-                self.results.append((gather_shards(f, len(ds), rank, world, self.all_gather).cpu(),
-                                     gather_shards(y, len(ds), rank, world, self.all_gather).cpu()))
+                self.results.append((gather_shards(f, n, rank, world, self.all_gather).cpu(),
+                                     gather_shards(y, n, rank, world, self.all_gather).cpu()))
             self._local = []
 
     return FeatureExtraction()

@@ -14,7 +14,6 @@ the head as ``head_<key>.pt`` in the run folder.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import warnings
 from dataclasses import dataclass
@@ -23,25 +22,23 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-from torch.utils.data import Dataset, Subset
 
 from tokenmix.knn import knn_top1_topk
 from tokenmix.launch import ddp_strategy, global_rank, wants_sync_batchnorm
 
 from .backbone import BackboneInfo
-from .data import ProbeDataset, collate
 from .features import FeatureSpec, FrozenFeatures, extraction_module
 from .tasks import Kind, TaskSpec
 
 
 @dataclass
 class ProbeContext:
-    """Everything one probe run reads: the flags, the task, the backbone and the two (possibly subset) splits."""
+    """Everything one probe run reads: the flags, the task, the backbone and the task's DataModule (both splits,
+    possibly subset, with the protocol's views)."""
     args: argparse.Namespace
     task: TaskSpec
     info: BackboneInfo
-    train: Dataset
-    val: Dataset
+    dm: Any
     size: tuple[int, int]
     dataset: str  # resolved dataset name (demo_voc, voc, ...)
     root: Path
@@ -67,27 +64,6 @@ def make_trainer(args, **kw):
                      enable_model_summary=False, enable_progress_bar=args.progress, **kw)
 
 
-def _base(ds):
-    return ds.dataset if isinstance(ds, Subset) else ds
-
-
-def num_classes(ds, task: TaskSpec) -> int:
-    base = _base(ds)
-    if getattr(base, "classes", None):
-        return len(base.classes)
-    labels = [int(base[i]["label"]) for i in range(len(base))]  # small datasets without a class list
-    return max(labels) + 1 if labels else task.num_classes
-
-
-def seg_num_classes(ctx: ProbeContext) -> int:
-    """The demo VOC layout has 9 classes (background + 8 shapes; data/demo/classes.json), not VOC's 21."""
-    meta = ctx.root / "classes.json"
-    if ctx.dataset.startswith("demo_") and meta.is_file():
-        return int(json.loads(meta.read_text())["num_classes"]["segmentation"])
-    base = _base(ctx.val)
-    return len(base.classes) if getattr(base, "classes", None) else ctx.task.num_classes
-
-
 # --------------------------------------------------------------------------- k-NN (no training)
 
 def _device(accelerator: str) -> torch.device:
@@ -96,26 +72,26 @@ def _device(accelerator: str) -> torch.device:
     return torch.device("cpu")
 
 
-def extract_all(args, features: FrozenFeatures, datasets, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(features, labels) of each dataset, sharded over the processes and gathered on every rank."""
-    module = extraction_module(features, datasets, batch_size, args.num_workers, collate)
+def extract_all(args, features: FrozenFeatures, dm) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(features, labels) of each split of ``dm``, sharded over the processes and gathered on every rank."""
+    module = extraction_module(features)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(module\\(s\\) in eval mode|does not have many workers).*")
-        make_trainer(args, logger=False, enable_checkpointing=False).predict(module, return_predictions=False)
+        make_trainer(args, logger=False, enable_checkpointing=False).predict(module, datamodule=dm,
+                                                                             return_predictions=False)
     return module.results
 
 
 def run_knn(ctx: ProbeContext, spec: FeatureSpec, logger) -> dict[str, Any]:
     """DINO eval_knn: Resize 256 + CenterCrop 224 for both splits, weighted k-NN vote at temperature T."""
     args, t0 = ctx.args, time.perf_counter()
-    views = [ProbeDataset(ds, ctx.size, "cls_val", ctx.patch_size) for ds in (ctx.train, ctx.val)]
-    (ftr, ytr), (fva, yva) = extract_all(args, FrozenFeatures(ctx.info.model, spec), views, args.batch_size or 64)
+    (ftr, ytr), (fva, yva) = extract_all(args, FrozenFeatures(ctx.info.model, spec), ctx.dm)
     if global_rank() != 0:  # every rank took part in the extraction; rank 0 votes and reports
         return {}
     ks = [int(k) for k in str(args.knn_k).split(",") if k.strip()]
     if _device(args.accelerator).type == "cuda":  # similarity matrix on the GPU (DINO keeps the features there)
         ftr, fva = ftr.cuda(), fva.cuda()
-    res = knn_top1_topk(ftr, ytr, fva, yva, num_classes(ctx.train, ctx.task), ks=ks, T=args.knn_t)
+    res = knn_top1_topk(ftr, ytr, fva, yva, ctx.dm.num_classes, ks=ks, T=args.knn_t)
     if logger is not None:
         for k, v in res.items():
             logger.experiment.add_scalar(f"knn/top1_k{k}", v["top1"], 0)
@@ -126,30 +102,21 @@ def run_knn(ctx: ProbeContext, spec: FeatureSpec, logger) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- trained heads
 
-def _common(ctx: ProbeContext, kind: "ProbeKind") -> dict[str, Any]:
-    a = ctx.args
-    return dict(batch_size=a.batch_size or kind.batch_size, num_workers=a.num_workers,
-                cache_dtype=torch.float16 if a.cache_fp16 else torch.float32)
+def _common(ctx: ProbeContext) -> dict[str, Any]:
+    return dict(cache_dtype=torch.float16 if ctx.args.cache_fp16 else torch.float32)
 
 
 def build_linear(ctx: ProbeContext, features: FrozenFeatures, kw: dict):
     from .module_linear import LinearClassificationProbe
-    aug = not ctx.args.no_aug
-    train = ProbeDataset(ctx.train, ctx.size, "cls_train" if aug else "cls_val", ctx.patch_size)
-    val = ProbeDataset(ctx.val, ctx.size, "cls_val", ctx.patch_size)
-    return LinearClassificationProbe(features, train, val, num_classes(ctx.train, ctx.task), lr=ctx.args.lr,
+    aug = not ctx.args.no_aug  # the DataModule's train view: eval_linear's RandomResizedCrop + flip, or the eval view
+    return LinearClassificationProbe(features, ctx.dm, ctx.dm.num_classes, lr=ctx.args.lr,
                                      cache=not aug and not ctx.args.no_cache, **kw)
-
-
-def _dense_views(ctx: ProbeContext):
-    return (ProbeDataset(ctx.train, ctx.size, "dense_train", ctx.patch_size),
-            ProbeDataset(ctx.val, ctx.size, "dense_val", ctx.patch_size))
 
 
 def build_seg(ctx: ProbeContext, features: FrozenFeatures, kw: dict):
     from .module_seg import SegmentationProbe
     lr = {"lr": ctx.args.lr} if ctx.args.lr else {}
-    return SegmentationProbe(features, *_dense_views(ctx), seg_num_classes(ctx), cache=not ctx.args.no_cache,
+    return SegmentationProbe(features, ctx.dm, ctx.dm.num_classes, cache=not ctx.args.no_cache,
                              **lr, **kw)
 
 
@@ -158,14 +125,14 @@ def build_depth(ctx: ProbeContext, features: FrozenFeatures, kw: dict):
     from .tasks import depth_eval_settings
     a = ctx.args
     lo, hi, crop, clip = depth_eval_settings(ctx.dataset)
-    return DepthProbe(features, *_dense_views(ctx), min_depth=lo, max_depth=hi, crop=crop, clip=clip,
+    return DepthProbe(features, ctx.dm, min_depth=lo, max_depth=hi, crop=crop, clip=clip,
                       classify=a.depth_head == "bins", norm=a.bin_norm, cache=not a.no_cache,
                       **({"lr": a.lr} if a.lr else {}), **kw)
 
 
 def train_head(ctx: ProbeContext, spec: FeatureSpec, logger, *, kind: "ProbeKind", key: str) -> dict[str, Any]:
     """Build the kind's probe on frozen features, fit it for --max-epochs (default: the kind's) and save the head."""
-    module = kind.build(ctx, FrozenFeatures(ctx.info.model, spec), _common(ctx, kind))
+    module = kind.build(ctx, FrozenFeatures(ctx.info.model, spec), _common(ctx))
     trainer = make_trainer(ctx.args, max_epochs=ctx.args.max_epochs or kind.epochs, logger=logger,
                            enable_checkpointing=False, num_sanity_val_steps=0, log_every_n_steps=1,
                            reload_dataloaders_every_n_epochs=1)

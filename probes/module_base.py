@@ -1,15 +1,18 @@
-"""Shared machinery of the probe LightningModules: frozen features, feature cache, dataloaders,
+"""Shared machinery of the probe LightningModules: frozen features, feature cache, the DataModule's loaders,
 prediction images for a fixed set of validation samples."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
 
-from .data import TARGET_KEYS, collate
-from .features import FeatureCache, FrozenFeatures, shard_indices
+from datamodules.datamodule_base import DataModuleBase, dense_collate
+
+from .features import FeatureCache, FrozenFeatures
+
+TARGET_KEYS = ("mask", "depth", "label")  # what the cache keeps beside the features
 
 
 class _CachedSplit(Dataset):
@@ -28,55 +31,50 @@ class _CachedSplit(Dataset):
 
 
 class ProbeModule(L.LightningModule):
-    """Trains ``self.head`` on ``self.features`` (frozen). Subclasses define ``head``, ``loss``,
-    ``validation_update`` and ``metrics_dict``.
+    """Trains ``self.head`` on ``self.features`` (frozen), on the splits of ``data`` (a ``datamodules`` DataModule:
+    its datasets, its per-process shards, its loaders). Subclasses define ``head``, ``loss``, ``validation_update``
+    and ``metrics_dict``.
 
     With ``cache=True`` (no training augmentation) the first epoch stores every sample's features; from
     then on the dataloaders replay the cache and the backbone never runs again (Trainer needs
     ``reload_dataloaders_every_n_epochs=1`` so the switch happens; probes.run sets it)."""
 
-    def __init__(self, features: FrozenFeatures, train_set: Optional[Dataset], val_set: Dataset,
-                 batch_size: int = 16, num_workers: int = 0, cache: bool = True, n_vis: int = 4,
+    def __init__(self, features: FrozenFeatures, data: DataModuleBase, cache: bool = True, n_vis: int = 4,
                  cache_dtype: torch.dtype = torch.float32):
         super().__init__()
-        self.features = features
-        self.train_set, self.val_set = train_set, val_set
-        self.batch_size, self.num_workers, self.use_cache = batch_size, num_workers, cache
-        self.caches = {s: FeatureCache(len(d), cache_dtype) for s, d in (("train", train_set), ("val", val_set))
-                       if d is not None}
+        self.features, self.data, self.use_cache = features, data, cache
+        data.setup("fit")
+        self.caches = {"train": FeatureCache(len(data.train_set), cache_dtype),
+                       "val": FeatureCache(len(data.val_set), cache_dtype)}
         self.cached_targets: dict[str, dict[int, dict[str, Any]]] = {"train": {}, "val": {}}
-        self.vis_indices = list(range(min(n_vis, len(val_set))))
+        self.vis_indices = list(range(min(n_vis, len(data.val_set))))
         self.last_metrics: dict[str, Any] = {}
         self.history: list[dict[str, Any]] = []
 
-    # -- data --------------------------------------------------------------------------------------
-    def _shard(self, ds: Dataset, split: str) -> Dataset:
-        """This rank's fixed part of a split under DDP (the trainer runs with use_distributed_sampler=False).
-        Train: equal lengths, so every rank takes the same number of steps (the last n % world samples
-        rest, as DistributedSampler(drop_last=True)); fixed shards keep each rank's feature cache valid.
-        Val: every sample exactly once, no padding; torchmetrics sums the states over ranks."""
-        world = self._trainer.world_size if self._trainer is not None else 1
-        if world == 1:
-            return ds
-        rank, n = self.global_rank, len(ds)
-        return Subset(ds, shard_indices(n - n % world if split == "train" else n, rank, world))
+    @property
+    def batch_size(self) -> int:
+        return self.data.batch_size
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        ds = self.train_set if split == "train" else self.val_set
+    # -- data --------------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        self.data.trainer = self.trainer  # the DataModule shards by this trainer's rank and world size
+
+    def _loader(self, split: str) -> DataLoader:
+        """The DataModule's loader of this process's fixed shard (train: equal lengths; val: every sample once),
+        or the cache replay once the shard's features are all in."""
         cache = self.caches[split]
         if self.use_cache and cache.complete:
             ds = _CachedSplit(cache, self.cached_targets[split])
-            return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, collate_fn=collate, num_workers=0)
-        ds = self._shard(ds, split)
-        cache.size = len(ds)  # complete once this rank's shard is in
-        return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, collate_fn=collate,
-                          num_workers=self.num_workers, persistent_workers=False)
+            return DataLoader(ds, batch_size=self.batch_size, shuffle=split == "train", collate_fn=dense_collate)
+        loader = self.data.train_dataloader() if split == "train" else self.data.val_dataloader()
+        cache.size = len(loader.sampler)  # complete once this rank's shard is in
+        return loader
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
+        return self._loader("train")
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
+        return self._loader("val")
 
     def get_features(self, batch: dict[str, Any], split: str) -> torch.Tensor:
         """Features of a batch: from the cache replay, or computed (and stored when caching)."""

@@ -19,10 +19,10 @@ class DepthProbe(ProbeModule):
     dataset's evaluation protocol (``probes.tasks.depth_eval_settings``).
     Optimiser: AdamW, lr 3e-4, wd 1e-2, warm-up + cosine per step."""
 
-    def __init__(self, features, train_set, val_set, min_depth: float = 1e-3, max_depth: float = 10.0,
+    def __init__(self, features, data, min_depth: float = 1e-3, max_depth: float = 10.0,
                  crop: Optional[Callable] = None, clip: Optional[float] = None, classify: bool = True, n_bins: int = 256, norm: str = "linear",
                  upsample: int = 4, lr: float = 3e-4, weight_decay: float = 1e-2, **kw):
-        super().__init__(features, train_set, val_set, **kw)
+        super().__init__(features, data, **kw)
         self.min_depth, self.max_depth, self.upsample = min_depth, max_depth, upsample
         self.lr, self.weight_decay = lr, weight_decay
         self.head = LinearDepthHead(features.out_dim, min_depth, max_depth, classify=classify, n_bins=n_bins,
@@ -40,7 +40,7 @@ class DepthProbe(ProbeModule):
         feats = self.get_features(batch, "train")
         gt = batch["depth"]
         if isinstance(gt, list):
-            raise ValueError("training depth maps must share one size (ProbeDataset mode 'dense_train')")
+            raise ValueError("training depth maps must share one size (the DataModule's training view resizes them)")
         pred = self.predict_depth(feats, gt.shape[-2:])[:, 0]
         loss = self.loss_fn(pred, gt.float())
         self.log("train/loss", loss, prog_bar=True, batch_size=len(gt))

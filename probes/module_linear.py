@@ -13,9 +13,9 @@ from .module_base import ProbeModule
 
 
 class LinearClassificationProbe(ProbeModule):
-    def __init__(self, features, train_set, val_set, num_classes: int, lr: float | None = None,
+    def __init__(self, features, data, num_classes: int, lr: float | None = None,
                  momentum: float = 0.9, weight_decay: float = 0.0, **kw):
-        super().__init__(features, train_set, val_set, **kw)
+        super().__init__(features, data, **kw)
         self.num_classes = num_classes
         self.lr = lr  # None: 0.001 x total batch (all devices) / 256, set in configure_optimizers
         self.momentum, self.weight_decay = momentum, weight_decay

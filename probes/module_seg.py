@@ -24,9 +24,9 @@ class SegmentationProbe(ProbeModule):
     cross-entropy ignoring 255. Optimiser: AdamW (lr 1e-3, wd 1e-4 as DINOv2's linear configs), with a
     short linear warm-up and cosine decay per step (DINOv2: poly decay; a stated deviation)."""
 
-    def __init__(self, features, train_set, val_set, num_classes: int, lr: float = 1e-3,
+    def __init__(self, features, data, num_classes: int, lr: float = 1e-3,
                  weight_decay: float = 1e-4, ignore_index: int = 255, **kw):
-        super().__init__(features, train_set, val_set, **kw)
+        super().__init__(features, data, **kw)
         self.num_classes, self.lr, self.weight_decay, self.ignore_index = num_classes, lr, weight_decay, ignore_index
         self.head = LinearSegHead(features.out_dim, num_classes)
         self.metric = SegmentationMetrics(num_classes, ignore_index=ignore_index)
@@ -36,7 +36,7 @@ class SegmentationProbe(ProbeModule):
         feats = self.get_features(batch, "train")
         mask = batch["mask"]
         if isinstance(mask, list):
-            raise ValueError("training masks must share one size (ProbeDataset mode 'dense_train')")
+            raise ValueError("training masks must share one size (the DataModule's training view resizes them)")
         logits = F.interpolate(self.head(feats), size=mask.shape[-2:], mode="bilinear", align_corners=False)
         loss = F.cross_entropy(logits, mask.long(), ignore_index=self.ignore_index)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(mask))

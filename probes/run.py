@@ -15,8 +15,6 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
-from torch.utils.data import Subset
 
 from tokenmix import paths
 from tokenmix.cli import eval_parent_parser, finish_eval_args, is_demo
@@ -26,7 +24,7 @@ from tokenmix.launch import LaunchError, count_devices, global_rank
 from tokenmix.results import backbone_entry, write_results
 
 from .backbone import resolve_backbone
-from .data import build_split, resolve_data
+from .data import probe_datamodule, resolve_data
 from .kinds import KINDS, ProbeContext, summary
 from .tasks import TASKS, get_task
 
@@ -89,13 +87,6 @@ def parse_layers(layer: str, depth: int) -> list[Optional[list[int]]]:
     return [[b % depth] for b in blocks]
 
 
-def _subset(ds, n: Optional[int]):
-    """N evenly spaced samples (class-sorted folders: every class stays represented)."""
-    if not n or n >= len(ds):
-        return ds
-    return Subset(ds, torch.linspace(0, len(ds) - 1, n).round().long().unique().tolist())
-
-
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -117,20 +108,22 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 def build_context(args) -> ProbeContext:
-    """The backbone, the task's two splits (subset by --max-samples) and the probe input size."""
+    """The backbone, the task's DataModule (both splits, subset by --max-samples) and the probe input size."""
     task = get_task(args.task.strip())
     demo = is_demo(args.data)
     info = resolve_backbone(args.ckpt, args.variant, args.arch, args.patch_size or (8 if demo else 16),
                             seed=args.seed, which=args.which)
     name, root = resolve_data(task, args.data, args.data_root)
-    train = _subset(build_split(name, root, args.train_split), args.max_samples)
-    val = _subset(build_split(name, root, args.val_split or task.val_split), args.max_samples)
     if args.img_size:
         size = tuple(int(v) for v in str(args.img_size).split(","))
         size = size * 2 if len(size) == 1 else size
     else:
         size = task.demo_img_size if demo else task.img_size
-    return ProbeContext(args, task, info, train, val, tuple(size), name, root)
+    dm = probe_datamodule(task, name, root, size, getattr(info.model, "patch_size", 16), num_workers=args.num_workers,
+                          batch_size=args.batch_size or KINDS[task.kind].batch_size, aug=not args.no_aug,
+                          train_split=args.train_split, val_split=args.val_split, max_samples=args.max_samples)
+    dm.setup("fit")
+    return ProbeContext(args, task, info, dm, tuple(size), name, root)
 
 
 def run_layers(ctx: ProbeContext, logger) -> tuple[dict[str, Any], Optional[dict]]:
@@ -153,7 +146,7 @@ def write_probe_results(ctx: ProbeContext, metrics: dict, features: Optional[dic
     args, info = ctx.args, ctx.info
     config = {**vars(args), "dataset": ctx.dataset, "data_root": str(ctx.root), "img_size": list(ctx.size),
               "features": features, "val_split": args.val_split or ctx.task.val_split,
-              "num_train": len(ctx.train), "num_val": len(ctx.val)}
+              "num_train": len(ctx.dm.train_set), "num_val": len(ctx.dm.val_set)}
     marker = ctx.root / ".demo_complete.json"
     if ctx.dataset.startswith("demo_") and marker.is_file():  # which generation of the demo data was measured
         config["demo_data"] = json.loads(marker.read_text())

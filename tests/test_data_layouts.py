@@ -141,27 +141,44 @@ def test_demo_names_use_the_real_loaders(tmp_path, monkeypatch):
     assert len(build_dataset("demo_voc", "", "train")) == 2  # '' = not given -> data/demo
 
 
-def test_datamodules_give_patch_multiple_batches(tmp_path):
+def test_datamodules_give_the_probe_views(tmp_path):
     from datamodules.classification import ClassificationDataModule
     from datamodules.depth import DepthDataModule
     from datamodules.segmentation import SegmentationDataModule
     mini.write_voc(tmp_path / "voc")
     mini.write_nyu_mmseg(tmp_path / "nyu")
     mini.write_imagenet(tmp_path / "in")
-    seg = SegmentationDataModule("voc", str(tmp_path / "voc"), crop_size=32, eval_size=24, patch_size=8,
-                                 batch_size=2, num_workers=0)
-    b = next(iter(seg.train_dataloader()))
-    assert b["image"].shape == (2, 3, 32, 32) and b["mask"].shape == (2, 32, 32) and b["image"].dtype == torch.float32
+    seg = SegmentationDataModule("voc", str(tmp_path / "voc"), img_size=30, patch_size=8, batch_size=2)
+    b = next(iter(seg.train_dataloader()))  # 30 -> 24 (patch multiple); training masks follow the image
+    assert b["image"].shape == (2, 3, 24, 24) and b["mask"].shape == (2, 24, 24) and b["image"].dtype == torch.uint8
+    assert sorted(b["index"].tolist()) == [0, 1]
     v = next(iter(seg.val_dataloader()))
-    assert v["image"].shape == (2, 3, 24, 32) and v["mask"].shape == (2, mini.H, mini.W)  # mask at label size
-    assert seg.num_classes == 21
-    dep = DepthDataModule("nyuv2", str(tmp_path / "nyu"), crop_size=(16, 24), patch_size=8, batch_size=2, num_workers=0)
+    assert v["image"].shape == (2, 3, 24, 24) and v["mask"].shape == (2, mini.H, mini.W)  # mask at label size
+    assert v["index"].tolist() == [0, 1] and seg.num_classes == 21
+    dep = DepthDataModule("nyuv2", str(tmp_path / "nyu"), img_size=(16, 24), patch_size=8, batch_size=2)
     b = next(iter(dep.train_dataloader()))
     assert b["image"].shape == (2, 3, 16, 24) and b["depth"].shape == (2, 16, 24)
     v = next(iter(dep.val_dataloader()))
-    assert v["image"].shape == (2, 3, 32, 40) and dep.eval_mask(v["depth"]).shape == (2, mini.H, mini.W)
+    assert dep.val_set.split == "test" and v["depth"].shape == (2, mini.H, mini.W)
+    assert dep.eval_mask(v["depth"]).shape == (2, mini.H, mini.W)
     cls = ClassificationDataModule("imagenet", str(tmp_path / "in"), img_size=32, patch_size=8, batch_size=3,
-                                   num_workers=0)
+                                   max_samples=3)
     b = next(iter(cls.train_dataloader()))
     assert b["image"].shape == (3, 3, 32, 32) and b["label"].dtype == torch.int64
-    assert cls.num_classes == 2
+    assert cls.num_classes == 2 and len(cls.train_set) == 3
+    assert sorted(cls.train_set[i]["label"] for i in range(3)) == [0, 0, 1]  # evenly spaced: both classes stay
+
+
+def test_shard_sampler_splits_without_padding_and_shuffles_like_random_sampler():
+    from torch.utils.data import RandomSampler
+
+    from datamodules.datamodule_base import ShardSampler
+    ds = list(range(7))
+    train = [list(ShardSampler(ds, r, 2, train=True)) for r in range(2)]
+    val = [list(ShardSampler(ds, r, 2, train=False)) for r in range(2)]
+    assert val == [[0, 2, 4, 6], [1, 3, 5]]                       # every sample once, none padded
+    assert [sorted(t) for t in train] == [[0, 2, 4], [1, 3, 5]]   # equal lengths: the 7th rests this epoch
+    torch.manual_seed(5)
+    ours = list(ShardSampler(ds, 0, 1, train=True))
+    torch.manual_seed(5)
+    assert ours == list(RandomSampler(ds))  # one process: torch's RandomSampler order, same RNG use

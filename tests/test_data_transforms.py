@@ -1,14 +1,15 @@
 """Protocol transforms against torchvision's reference implementation and hand-worked numbers."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torchvision.transforms.v2 as T
 import torchvision.transforms.v2.functional as TF
 from torchvision import tv_tensors
 
-from datamodules.transforms import (DEPTH_RANGES, ClassificationEval, RandomResizedCrop, ResizeCenterCrop,
-                                    SegmentationEval, SegmentationTrain, eval_depth_mask)
+from datamodules.transforms import (DEPTH_RANGES, FixedResize, LinearProbeTrain, RandomResizedCrop, ResizeCenterCrop,
+                                    eval_depth_mask, floor_to_multiple, normalize)
 from datamodules.transforms.common import hflip
 
 
@@ -65,46 +66,41 @@ def test_hflip_boxes_match_torchvision():
     assert torch.equal(hflip(item)["boxes"], ref.as_subclass(torch.Tensor))
 
 
-def test_classification_eval_normalises_with_imagenet_stats():
+def test_eval_view_then_normalise_uses_imagenet_stats():
     img = torch.full((3, 300, 300), 128, dtype=torch.uint8)
-    out = ClassificationEval()({"image": img})["image"]
+    out = normalize(ResizeCenterCrop(None, 224)({"image": img})["image"])
     assert out.shape == (3, 224, 224)
     expected = [(128 / 255 - m) / s for m, s in zip((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
     assert out[:, 0, 0].tolist() == pytest.approx(expected, abs=1e-5)
 
 
-def test_segmentation_train_keeps_mask_aligned_and_pads_with_ignore():
-    # 8x8 blocks: the class of a block is encoded in the red channel, so alignment is checkable after the crop
-    g = torch.Generator().manual_seed(0)
-    cls = torch.randperm(21, generator=g)[:20].view(4, 5)  # distinct classes: a misaligned mask cannot agree
-    mask = cls.repeat_interleave(16, 0).repeat_interleave(16, 1)
-    img = torch.stack([mask * 10, mask * 0, mask * 0]).to(torch.uint8)
-    shifted = mask.roll(16, dims=1)  # every pixel gets another block's (distinct) class: a misaligned mask
+def test_linear_probe_train_is_torchvision_rrc_and_flip_on_the_same_rng():
+    # DINO eval_linear.py: pth_transforms.RandomResizedCrop(224), RandomHorizontalFlip() on the global RNG
+    item = _item(seed=2)
+    ref = T.Compose([T.RandomResizedCrop(224, antialias=True), T.RandomHorizontalFlip()])
     for seed in range(4):
-        make = lambda: SegmentationTrain(64, scale_range=(0.5, 2.0), patch_size=16, normalize=False,  # noqa: E731
-                                         generator=torch.Generator().manual_seed(seed))
-        out, bad = make()({"image": img, "mask": mask}), make()({"image": img, "mask": shifted})
-        assert out["image"].shape == (3, 64, 64) and out["mask"].shape == (64, 64)
-        red = out["image"][0].long()
-
-        def agreement(m):
-            inside = m != 255
-            return ((red - m * 10).abs() <= 2)[inside].float().mean()
-        # bilinear (antialiased) image edges vs nearest mask differ only along block borders (<= 30% at 0.5x)
-        assert agreement(out["mask"]) > 0.65 and agreement(bad["mask"]) < 0.1
-        assert set(out["mask"].unique().tolist()) <= set(cls.unique().tolist()) | {255}
-    small = SegmentationTrain(64, scale_range=(0.5, 0.5), patch_size=16, normalize=False)(
-        {"image": img, "mask": mask})  # 64x80 * (0.5*64/64) -> 32x40: padded bottom/right
-    assert (small["mask"][32:] == 255).all() and (small["image"][:, 32:] == 0).all()
+        torch.manual_seed(seed)
+        out = LinearProbeTrain(224)(item)
+        torch.manual_seed(seed)
+        assert torch.equal(out["image"], ref(item["image"])) and out["label"] == 3
+    assert out["image"].dtype == torch.uint8  # the model normalises
 
 
-def test_segmentation_eval_patch_multiples_and_mask_untouched():
-    item = {"image": torch.zeros(3, 375, 500, dtype=torch.uint8), "mask": torch.zeros(375, 500, dtype=torch.int64)}
-    out = SegmentationEval(448, 16)(item)
-    assert out["image"].shape == (3, 448, 592)  # 500 * 448/375 = 597.3 -> 592
-    assert out["mask"].shape == (375, 500)
-    with pytest.raises(ValueError, match="multiple of the patch size"):
-        SegmentationTrain(100, patch_size=16)
+def test_fixed_resize_matches_pil_and_moves_targets_only_for_training():
+    from PIL import Image
+    g = torch.Generator().manual_seed(0)
+    img = torch.randint(0, 256, (3, 64, 80), generator=g, dtype=torch.uint8)
+    mask = torch.arange(64 * 80).view(64, 80) % 21
+    depth = torch.rand(64, 80, generator=g)
+    train = FixedResize((32, 40), targets=True)({"image": img, "mask": mask, "depth": depth, "label": 1})
+    pil = Image.fromarray(img.permute(1, 2, 0).numpy()).resize((40, 32), Image.BILINEAR)  # antialiased by PIL
+    ref = torch.from_numpy(np.array(pil)).permute(2, 0, 1).int()
+    assert train["image"].dtype == torch.uint8 and (train["image"].int() - ref).abs().max() <= 1
+    # nearest at exactly half size: pixel (i, j) <- (2i, 2j), hand-worked
+    assert torch.equal(train["mask"], mask[::2, ::2]) and torch.equal(train["depth"], depth[::2, ::2])
+    val = FixedResize((32, 40), targets=False)({"image": img, "mask": mask})
+    assert val["image"].shape == (3, 32, 40) and val["mask"] is mask  # evaluation at label size
+    assert floor_to_multiple(60, 16) == (48, 48) and floor_to_multiple((120, 7), 8) == (120, 8)
 
 
 def test_eval_depth_mask_crops_and_ranges_hand_counted():

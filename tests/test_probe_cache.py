@@ -3,7 +3,7 @@ import lightning as L
 import torch
 
 from backbones import create_vit
-from probes.data import ProbeDataset
+from datamodules.segmentation import SegmentationDataModule
 from probes.features import FeatureSpec, FrozenFeatures
 from probes.module_seg import SegmentationProbe
 
@@ -29,6 +29,16 @@ class _Scenes(torch.utils.data.Dataset):
         return self.items[i]
 
 
+class _SceneData(SegmentationDataModule):
+    """The dense probes' DataModule (view, shards, loaders) over the in-memory scenes."""
+
+    def __init__(self):
+        super().__init__("voc", "", img_size=32, patch_size=8, batch_size=4)
+
+    def _build(self, split, train=False):
+        return _Scenes(10, 0) if train else _Scenes(5, 1)
+
+
 def _fit(cache: bool, epochs: int = 3):
     L.seed_everything(0, verbose=False)
     torch.manual_seed(0)
@@ -41,9 +51,7 @@ def _fit(cache: bool, epochs: int = 3):
         return extract(*a, **k)
     vit.extract = counting
     feats = FrozenFeatures(vit, FeatureSpec(kind="dense"))
-    train = ProbeDataset(_Scenes(10, 0), 32, "dense_train", 8)
-    val = ProbeDataset(_Scenes(5, 1), 32, "dense_val", 8)
-    module = SegmentationProbe(feats, train, val, num_classes=3, batch_size=4, cache=cache)
+    module = SegmentationProbe(feats, _SceneData(), num_classes=3, cache=cache)
     trainer = L.Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, num_sanity_val_steps=0,
                         reload_dataloaders_every_n_epochs=1, enable_model_summary=False, enable_progress_bar=False,
                         accelerator="cpu")
@@ -58,7 +66,7 @@ def test_backbone_runs_once_and_results_equal_uncached():
     assert n_cached == per_epoch and n_plain == 3 * per_epoch
     assert cached.caches["train"].complete and len(cached.caches["val"]) == 5
     # the cache holds exactly the features the backbone gives
-    item = cached.train_set[7]
+    item = cached.data.train_set[7]
     ref = cached.features(item["image"][None])[0]
     assert torch.allclose(cached.caches["train"].feats[7], ref, atol=1e-6)
     # same shuffling, same features -> the same trained head and the same metrics

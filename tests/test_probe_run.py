@@ -44,15 +44,17 @@ def test_knn_demo_matches_independent_computation(demo, runs):
     assert path.parent.parent.name == "knn" and path.parent.name == "version_0"
     assert set(res["metrics"]["top1"]) == {"1", "3"}
     # recompute: same seeded random init, same centre-cropped images, last-block [CLS]
+    import torchvision.transforms.v2 as T
     from datamodules import build_dataset
-    from probes.data import ProbeDataset
     torch.manual_seed(0)
     vit = create_vit("vit_test_patch8", "softmax")
     f = FrozenFeatures(vit, FeatureSpec(kind="cls"))
-    def feats(split):
-        ds = ProbeDataset(build_dataset("demo_cls", str(demo), split), 56, "cls_val", 8)
+    view = T.Compose([T.Resize(64, interpolation=T.InterpolationMode.BICUBIC, antialias=True), T.CenterCrop(56)])
+
+    def feats(split):  # DINO eval_knn's view in torchvision: Resize(64 = 56 * 256/224, bicubic) + CenterCrop(56)
+        ds = build_dataset("demo_cls", str(demo), split)
         items = [ds[i] for i in range(len(ds))]
-        return f(torch.stack([it["image"] for it in items])), torch.tensor([it["label"] for it in items])
+        return f(torch.stack([view(it["image"]) for it in items])), torch.tensor([it["label"] for it in items])
     (ftr, ytr), (fva, yva) = feats("train"), feats("val")
     ref = knn_top1(ftr, ytr, fva, yva, num_classes=8, ks=(1, 3))
     assert res["metrics"]["top1"]["1"] == pytest.approx(ref[1])

@@ -1,12 +1,13 @@
-"""ImageNet linear-probe views (DINO eval_linear.py): train RandomResizedCrop 224 + flip, eval Resize 256
-(bicubic) + CenterCrop 224. Boxes follow the eval geometry exactly (Point-in-Box maps GT boxes this way)."""
+"""Classification views (DINO eval_linear.py / eval_knn.py): train RandomResizedCrop 224 + flip, eval Resize 256
+(bicubic) + CenterCrop 224. Boxes follow the eval geometry exactly (Point-in-Box maps GT boxes this way).
+``RandomResizedCrop`` / ``RandomHorizontalFlip`` draw from a caller's generator (label-supervised training);
+``LinearProbeTrain`` is torchvision's pair on the global RNG, as the official linear probe."""
 from __future__ import annotations
 
 import torch
 from torchvision.transforms import InterpolationMode
 
-from .common import (Normalize, center_crop_offsets, crop, hflip, log_uniform, randint, resize,
-                     shorter_side_size, uniform)
+from .common import center_crop_offsets, crop, hflip, log_uniform, randint, resize, shorter_side_size, uniform
 from .views import eval_resize, random_resized_crop_box
 
 
@@ -58,19 +59,18 @@ class ResizeCenterCrop:
         return crop(item, top, left, self.crop_to, self.crop_to)
 
 
-class ClassificationTrain:
-    def __init__(self, size: int = 224, generator: torch.Generator | None = None):
-        self.rrc = RandomResizedCrop(size, generator=generator)
-        self.flip = RandomHorizontalFlip(generator=generator)
-        self.norm = Normalize()
+class LinearProbeTrain:
+    """DINO ``eval_linear.py``'s train view: torchvision's ``RandomResizedCrop(size)`` (default bilinear) and
+    ``RandomHorizontalFlip()``, drawn from the global torch RNG as there. The image stays uint8: the model
+    normalises (``views.normalize``). The eval view is :class:`ResizeCenterCrop`.
+
+    >>> LinearProbeTrain(32)({"image": torch.zeros(3, 48, 64, dtype=torch.uint8), "label": 3})["image"].shape
+    torch.Size([3, 32, 32])
+    """
+
+    def __init__(self, size: int = 224):
+        import torchvision.transforms.v2 as T
+        self.crop, self.flip = T.RandomResizedCrop(size, antialias=True), T.RandomHorizontalFlip()
 
     def __call__(self, item: dict) -> dict:
-        return self.norm(self.flip(self.rrc(item)))
-
-
-class ClassificationEval:
-    def __init__(self, resize: int | None = 256, crop: int = 224):
-        self.rc, self.norm = ResizeCenterCrop(resize, crop), Normalize()
-
-    def __call__(self, item: dict) -> dict:
-        return self.norm(self.rc(item))
+        return {**item, "image": self.flip(self.crop(item["image"]))}

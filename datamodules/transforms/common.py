@@ -41,11 +41,6 @@ class Normalize:
         return {**item, "image": (img.float() / 255.0 - self.mean) / self.std}
 
 
-def round_to_multiple(x: float, m: int) -> int:
-    """Nearest multiple of m, at least m."""
-    return max(m, int(round(x / m)) * m)
-
-
 def shorter_side_size(h: int, w: int, size: int) -> tuple[int, int]:
     """torchvision Resize(int) output size: the shorter side becomes ``size``, the longer one is truncated."""
     if h <= w:

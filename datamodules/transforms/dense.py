@@ -1,63 +1,61 @@
-"""Segmentation views. Train (mmseg-style): random rescale of the shorter side to crop*[0.5, 2], random crop
-(pad image 0 / mask 255), horizontal flip. Eval: resize the image so its shorter side is ``size`` and both
-sides are multiples of the patch size; the mask keeps its original size (the probe upsamples logits to it)
-unless ``resize_mask=True``. mmseg's cat_max_ratio crop retry and photometric distortion are not used: the
-probe is linear on frozen features, as in DINOv2's linear segmentation evaluation."""
+"""The dense probes' view (segmentation and depth): the image resized to a fixed (h, w), multiples of the patch size.
+
+For training the mask / depth map follows (nearest) so batches stack; for evaluation it keeps the label size and
+the probe upsamples its prediction to it (evaluation at label size). No random crop or flip: the head is linear on
+frozen features, and a fixed view lets the probe cache the features of every sample after the first epoch.
+
+>>> item = {"image": torch.zeros(3, 60, 80, dtype=torch.uint8), "mask": torch.zeros(60, 80, dtype=torch.int64)}
+>>> out = FixedResize((32, 48), targets=False)(item)
+>>> tuple(out["image"].shape), tuple(out["mask"].shape), out["image"].dtype
+((3, 32, 48), (60, 80), torch.uint8)
+"""
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
-from torchvision.transforms import InterpolationMode
+import torch.nn.functional as F
 
-from .common import Normalize, crop, hflip, randint, resize, round_to_multiple, uniform
-
-
-def _check_multiple(size: int, patch: int, what: str) -> None:
-    if size % patch:
-        raise ValueError(f"{what}={size} is not a multiple of the patch size {patch}; the ViT needs whole patches "
-                         f"(use {round_to_multiple(size, patch)}).")
+DENSE_TARGETS = ("mask", "depth")
 
 
-class SegmentationTrain:
-    def __init__(self, crop_size: int = 448, scale_range=(0.5, 2.0), flip_p: float = 0.5, patch_size: int = 16,
-                 normalize: bool = True, generator: torch.Generator | None = None):
-        _check_multiple(crop_size, patch_size, "crop_size")
-        self.crop_size, self.scale_range, self.flip_p, self.generator = crop_size, scale_range, flip_p, generator
-        self.norm = Normalize() if normalize else None
+def floor_to_multiple(size: int | Sequence[int], patch: int) -> tuple[int, int]:
+    """(h, w) rounded down to multiples of ``patch`` (at least one patch), so every pixel lies in a patch.
 
-    def __call__(self, item: dict) -> dict:
-        H, W = item["image"].shape[-2:]
-        s = uniform(*self.scale_range, self.generator) * self.crop_size / min(H, W)
-        h, w = max(1, int(round(H * s))), max(1, int(round(W * s)))
-        item = resize(item, (h, w), InterpolationMode.BILINEAR)
-        c = self.crop_size
-        top, left = randint(max(0, h - c), self.generator), randint(max(0, w - c), self.generator)
-        item = crop(item, top, left, c, c)  # pads bottom/right when the image is smaller than the crop
-        if float(torch.rand((), generator=self.generator)) < self.flip_p:
-            item = hflip(item)
-        return self.norm(item) if self.norm else item
+    >>> floor_to_multiple(60, 16), floor_to_multiple((120, 7), 8)
+    ((48, 48), (120, 8))
+    """
+    hw = (size, size) if isinstance(size, int) else tuple(size)
+    return tuple(max(patch, (int(s) // patch) * patch) for s in hw)  # type: ignore[return-value]
 
 
-class ResizeToPatchMultiple:
-    """Shorter side -> ``size`` (None: keep the scale), then each side rounded to a multiple of ``patch_size``."""
+def resize_image(img: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """uint8 (3, H, W) -> uint8 (3, h, w): bilinear, antialiased, in float, rounded back."""
+    if tuple(img.shape[-2:]) == tuple(size):
+        return img
+    x = F.interpolate(img[None].float(), size=size, mode="bilinear", align_corners=False, antialias=True)[0]
+    return x.round().clamp(0, 255).to(torch.uint8)
 
-    def __init__(self, size: int | None = None, patch_size: int = 16, resize_targets: bool = False,
-                 interpolation=InterpolationMode.BILINEAR):
-        self.size, self.patch, self.resize_targets, self.interpolation = size, patch_size, resize_targets, interpolation
 
-    def out_size(self, H: int, W: int) -> tuple[int, int]:
-        s = 1.0 if self.size is None else self.size / min(H, W)
-        return round_to_multiple(H * s, self.patch), round_to_multiple(W * s, self.patch)
+def resize_target(t: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """(H, W) mask or depth map -> (h, w), nearest (labels and depths are never interpolated)."""
+    if tuple(t.shape[-2:]) == tuple(size):
+        return t
+    return F.interpolate(t[None, None].float(), size=size, mode="nearest")[0, 0].to(t.dtype)
+
+
+class FixedResize:
+    """Image -> ``size`` (h, w); with ``targets`` the mask / depth map follow (training), else they stay as loaded."""
+
+    def __init__(self, size: tuple[int, int], targets: bool):
+        self.size, self.targets = tuple(int(s) for s in size), targets
 
     def __call__(self, item: dict) -> dict:
-        H, W = item["image"].shape[-2:]
-        return resize(item, self.out_size(H, W), self.interpolation, targets=self.resize_targets)
+        out = {**item, "image": resize_image(torch.as_tensor(item["image"]), self.size)}
+        for key in DENSE_TARGETS if self.targets else ():
+            if item.get(key) is not None:
+                out[key] = resize_target(torch.as_tensor(item[key]), self.size)
+        return out
 
-
-class SegmentationEval:
-    def __init__(self, size: int | None = 448, patch_size: int = 16, resize_mask: bool = False, normalize: bool = True):
-        self.resize = ResizeToPatchMultiple(size, patch_size, resize_targets=resize_mask)
-        self.norm = Normalize() if normalize else None
-
-    def __call__(self, item: dict) -> dict:
-        item = self.resize(item)
-        return self.norm(item) if self.norm else item
+    def __repr__(self) -> str:
+        return f"FixedResize(size={self.size}, targets={self.targets})"

@@ -1,4 +1,4 @@
-"""Depth views, the KITTI KB crop and the evaluation protocol of each dataset.
+"""The KITTI KB crop and the evaluation protocol of each dataset.
 
 The protocols are those of zhyever/Monocular-Depth-Estimation-Toolbox (``depth/datasets/{nyu,sunrgbd,kitti}.py``),
 which the DINOv2 line of work evaluates with. One table each: ``DEPTH_RANGES`` (min < gt < max),
@@ -13,10 +13,6 @@ which the DINOv2 line of work evaluates with. One table each: ``DEPTH_RANGES`` (
 from __future__ import annotations
 
 import torch
-from torchvision.transforms import InterpolationMode
-
-from .common import Normalize, crop, hflip, randint
-from .dense import ResizeToPatchMultiple, _check_multiple
 
 DEPTH_RANGES = {"nyuv2": (1e-3, 10.0), "sunrgbd": (1e-3, 10.0), "kitti": (1e-3, 80.0)}
 EVAL_CROP = {"nyuv2": "eigen", "sunrgbd": "eigen_abs", "kitti": "garg"}
@@ -76,38 +72,3 @@ def eval_depth_mask(name: str, depth: torch.Tensor, crop: str | None | bool = Tr
         depth = depth.clamp(max=clip)
     H, W = depth.shape[-2:]
     return crop_mask(kind, H, W).to(depth.device) & (depth > lo) & (depth < hi)
-
-
-class DepthTrain:
-    """Random crop (``crop_size`` (h, w), multiples of the patch size) + horizontal flip + normalise.
-    Crops out of range are padded with depth 0 (= unknown, excluded from the loss)."""
-
-    def __init__(self, crop_size=(416, 544), flip_p: float = 0.5, patch_size: int = 16, normalize: bool = True,
-                 generator: torch.Generator | None = None):
-        ch, cw = (crop_size, crop_size) if isinstance(crop_size, int) else crop_size
-        _check_multiple(ch, patch_size, "crop height")
-        _check_multiple(cw, patch_size, "crop width")
-        self.ch, self.cw, self.flip_p, self.generator = ch, cw, flip_p, generator
-        self.norm = Normalize() if normalize else None
-
-    def __call__(self, item: dict) -> dict:
-        H, W = item["image"].shape[-2:]
-        top, left = randint(max(0, H - self.ch), self.generator), randint(max(0, W - self.cw), self.generator)
-        item = crop(item, top, left, self.ch, self.cw)
-        if float(torch.rand((), generator=self.generator)) < self.flip_p:
-            item = hflip(item)
-        return self.norm(item) if self.norm else item
-
-
-class DepthEval:
-    """Image resized to patch multiples (shorter side ``size``, None = original scale); depth kept at full
-    resolution for the metrics (predictions are upsampled to it)."""
-
-    def __init__(self, size: int | None = None, patch_size: int = 16, normalize: bool = True):
-        self.resize = ResizeToPatchMultiple(size, patch_size, resize_targets=False,
-                                            interpolation=InterpolationMode.BILINEAR)
-        self.norm = Normalize() if normalize else None
-
-    def __call__(self, item: dict) -> dict:
-        item = self.resize(item)
-        return self.norm(item) if self.norm else item
