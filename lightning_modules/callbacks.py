@@ -4,6 +4,7 @@ Multi-process rule: a collective (``trainer.log_dir``, ``all_gather``) is reache
 work (TensorBoard images, summary.json) comes after it and calls none."""
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
@@ -181,39 +182,46 @@ class KNNCheck(pl.Callback):
             metrics["knn/gain"] = self.final_top1 - self.random_init_top1
         for lg in trainer.loggers:
             lg.log_metrics(metrics, step=trainer.global_step)
+        # ``self.log`` is not allowed in on_train_end: publish where callbacks read metrics (RunSummary does)
+        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
         rank_zero_info("k-NN top-1: " + ", ".join(f"{k}={v:.2f}" for k, v in metrics.items()))
 
 
 class RunSummary(pl.Callback):
     """Loss at the start vs the end, the collapse watch verdict and the k-NN numbers -> summary.json in the
     log folder (and printed). Collapse: per-image teacher entropy near ln K (uniform) or batch-mean entropy
-    near 0 (one prototype for every image)."""
+    near 0 (one prototype for every image).
+
+    Reads only logged metrics (``trainer.callback_metrics``): ``train/loss`` (every step), ``collapse/*`` (the
+    module's statistics steps) and ``knn/*`` (``KNNCheck``, placed before this callback). The losses stay
+    tensors on their device until the end (no host sync per step); ``state_dict`` turns them into floats."""
 
     def __init__(self, window: int = 20, uniform_frac: float = 0.98, one_hot_frac: float = 0.05):
         self.window, self.uniform_frac, self.one_hot_frac = window, uniform_frac, one_hot_frac
-        self.first: list[float] = []
-        self.last: list[float] = []
-        self.last_stats: dict[str, float] = {}
+        self.first: list[Any] = []  # tensors, or floats after a resume
+        self.last: deque = deque(maxlen=window)
+        self.last_stats: dict[str, Any] = {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"first": list(self.first)}
+        return {"first": [float(x) for x in self.first]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.first = list(state_dict.get("first", []))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        stats = pl_module.last_stats  # one read: each reads the loss back from the device
-        loss = stats.get("train/loss")
+        metrics = trainer.callback_metrics
+        loss = metrics.get("train/loss")
         if loss is None:
             return
         if len(self.first) < self.window:
             self.first.append(loss)
-        self.last = (self.last + [loss])[-self.window:]
-        self.last_stats = dict(stats)
+        self.last.append(loss)
+        self.last_stats.update((k, v) for k, v in metrics.items() if k.startswith("collapse/"))
+        self.last_stats["train/loss"] = loss
 
     def collapse_verdict(self) -> tuple[bool, str]:
-        ent = self.last_stats.get("collapse/teacher_entropy_frac")
-        bent = self.last_stats.get("collapse/batch_mean_entropy_frac")
+        ent = _as_float(self.last_stats.get("collapse/teacher_entropy_frac"))
+        bent = _as_float(self.last_stats.get("collapse/batch_mean_entropy_frac"))
         if ent is None or bent is None:
             return True, "no statistics"
         if ent > self.uniform_frac:
@@ -226,22 +234,28 @@ class RunSummary(pl.Callback):
         log_dir = trainer.log_dir or trainer.default_root_dir  # a broadcast: every rank must ask
         if trainer.global_rank != 0:
             return
-        healthy, why = self.collapse_verdict()
-        summary: dict[str, Any] = {
-            "variant": pl_module.hparams.variant, "arch": pl_module.hparams.arch, "steps": trainer.global_step,
-            "epochs": trainer.current_epoch,
-            "loss_start": sum(self.first) / len(self.first) if self.first else None,
-            "loss_end": sum(self.last) / len(self.last) if self.last else None,
-            "collapse_healthy": healthy, "collapse": why, **self.last_stats}
-        for cb in trainer.callbacks:
-            if isinstance(cb, KNNCheck):
-                summary.update(knn_top1_random_init=cb.random_init_top1, knn_top1=cb.final_top1,
-                               knn_gain=None if cb.random_init_top1 is None or cb.final_top1 is None
-                               else cb.final_top1 - cb.random_init_top1)
-        if not healthy:
-            rank_zero_warn(f"collapse watch: {why}")
+        summary = self.summary(trainer, pl_module)
+        if not summary["collapse_healthy"]:
+            rank_zero_warn(f"collapse watch: {summary['collapse']}")
         atomic_json_dump(summary, Path(log_dir) / "summary.json")
         fmt = {k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in summary.items()
                if not k.startswith("collapse/")}
         rank_zero_info("pretraining summary: " + ", ".join(f"{k}={v}" for k, v in fmt.items()))
         rank_zero_info(f"summary written to {Path(log_dir) / 'summary.json'}")
+
+    def summary(self, trainer, pl_module) -> dict[str, Any]:
+        """The summary.json dict (plain python values)."""
+        healthy, why = self.collapse_verdict()
+        first, last = [float(x) for x in self.first], [float(x) for x in self.last]
+        knn = {k: _as_float(trainer.callback_metrics.get(f"knn/{k}")) for k in ("top1_random_init", "top1", "gain")}
+        return {"variant": pl_module.hparams.variant, "arch": pl_module.hparams.arch, "steps": trainer.global_step,
+                "epochs": trainer.current_epoch,
+                "loss_start": sum(first) / len(first) if first else None,
+                "loss_end": sum(last) / len(last) if last else None,
+                "collapse_healthy": healthy, "collapse": why,
+                **{k: _as_float(v) for k, v in self.last_stats.items()},
+                **({f"knn_{k}": v for k, v in knn.items()} if knn["top1"] is not None else {})}
+
+
+def _as_float(v: Any) -> Optional[float]:
+    return None if v is None else float(v)
