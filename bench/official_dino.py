@@ -164,9 +164,19 @@ def first_step(paths: dict) -> dict:
     return losses
 
 
+def _progress(name: str, step):
+    """Prints every step's wall time as it ends (a long run on a busy machine shows where it is)."""
+    def call():
+        t0 = time.perf_counter()
+        out = step()
+        print(f"  {name}: {time.perf_counter() - t0:.2f} s, loss {out:.6f}, load {os.getloadavg()[0]:.1f}", flush=True)
+        return out
+    return call
+
+
 def time_paths(a, s: dict, paths: dict) -> dict:
     losses = first_step(paths)
-    wall, cpu = interleave(paths, s["warmup"] - 1, s["rounds"])
+    wall, cpu = interleave({k: _progress(k, v) for k, v in paths.items()}, s["warmup"] - 1, s["rounds"])
     ref = "official softmax"
     rows = []
     for kind, times in (("wall", wall), ("cpu", cpu)):
