@@ -183,7 +183,7 @@ class KNNCheck(pl.Callback):
         for lg in trainer.loggers:
             lg.log_metrics(metrics, step=trainer.global_step)
         # ``self.log`` is not allowed in on_train_end: publish where callbacks read metrics (RunSummary does)
-        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
+        trainer.callback_metrics.update({k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()})  # exact
         rank_zero_info("k-NN top-1: " + ", ".join(f"{k}={v:.2f}" for k, v in metrics.items()))
 
 
