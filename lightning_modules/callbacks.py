@@ -4,6 +4,7 @@ Multi-process rule: a collective (``trainer.log_dir``, ``all_gather``) is reache
 work (TensorBoard images, summary.json) comes after it and calls none."""
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,23 +32,40 @@ def _grid_images(x: torch.Tensor, scale: int) -> torch.Tensor:
     return torch.nn.functional.interpolate(x, scale_factor=scale, mode="nearest").clamp(0, 1)
 
 
-class PretrainVisuals(pl.Callback):
-    """Every ``every_n_epochs`` (and at the start and end), on a fixed set of validation images through the
-    teacher backbone: PCA maps of the patch features, [CLS] attention maps of the last block (per head),
-    per-layer attention sparsity and entropy, and patch-token norm statistics."""
+class FixedImagesCallback(pl.Callback):
+    """TensorBoard images of a fixed set of validation images, at the start, every ``every_n_epochs`` and at the
+    end. Subclasses write ``log_now`` (rank 0 only: it must not call a collective)."""
 
     def __init__(self, every_n_epochs: int = 1, num_images: int = 8):
         self.every_n_epochs, self.num_images = max(1, every_n_epochs), num_images
         self._images: Optional[torch.Tensor] = None
 
-    def _fixed_images(self, trainer: pl.Trainer) -> torch.Tensor:
+    def fixed_images(self, ds) -> torch.Tensor:
+        """``num_images`` images spread over ``ds`` (class-sorted folders: spread over the classes), kept."""
         if self._images is None:
-            dm = trainer.datamodule
-            ds = dm.eval_dataset(dm.val_split)
-            n = min(self.num_images, len(ds))
-            idx = torch.linspace(0, len(ds) - 1, n).round().long().tolist()  # spread over the classes
+            idx = torch.linspace(0, len(ds) - 1, min(self.num_images, len(ds))).round().long().tolist()
             self._images = torch.stack([ds[i][0] for i in idx])
         return self._images
+
+    def log_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        raise NotImplementedError
+
+    def on_train_start(self, trainer, pl_module):
+        self.log_now(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if (trainer.current_epoch + 1) % self.every_n_epochs == 0:
+            self.log_now(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module):
+        if trainer.current_epoch % self.every_n_epochs != 0:
+            self.log_now(trainer, pl_module)
+
+
+class PretrainVisuals(FixedImagesCallback):
+    """Every ``every_n_epochs`` (and at the start and end), on a fixed set of validation images through the
+    teacher backbone: PCA maps of the patch features, [CLS] attention maps of the last block (per head),
+    per-layer attention sparsity and entropy, and patch-token norm statistics."""
 
     @torch.no_grad()
     def log_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -56,7 +74,7 @@ class PretrainVisuals(pl.Callback):
             return
         step = trainer.global_step
         model = pl_module.teacher.backbone
-        x = self._fixed_images(trainer).to(pl_module.device)
+        x = self.fixed_images(trainer.datamodule.eval_dataset(trainer.datamodule.val_split)).to(pl_module.device)
         grid = model.grid_size(x)
         out = model.extract(x, n_last_blocks=model.depth)
         patch = out[-1]["patch"].float()
@@ -87,16 +105,6 @@ class PretrainVisuals(pl.Callback):
             self._logged_inputs = True
         tb.flush()
 
-    def on_train_start(self, trainer, pl_module):
-        self.log_now(trainer, pl_module)
-
-    def on_train_epoch_end(self, trainer, pl_module):
-        if (trainer.current_epoch + 1) % self.every_n_epochs == 0:
-            self.log_now(trainer, pl_module)
-
-    def on_train_end(self, trainer, pl_module):
-        if trainer.current_epoch % self.every_n_epochs != 0:
-            self.log_now(trainer, pl_module)
 
 
 @torch.no_grad()
@@ -181,39 +189,46 @@ class KNNCheck(pl.Callback):
             metrics["knn/gain"] = self.final_top1 - self.random_init_top1
         for lg in trainer.loggers:
             lg.log_metrics(metrics, step=trainer.global_step)
+        # ``self.log`` is not allowed in on_train_end: publish where callbacks read metrics (RunSummary does)
+        trainer.callback_metrics.update({k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()})  # exact
         rank_zero_info("k-NN top-1: " + ", ".join(f"{k}={v:.2f}" for k, v in metrics.items()))
 
 
 class RunSummary(pl.Callback):
     """Loss at the start vs the end, the collapse watch verdict and the k-NN numbers -> summary.json in the
     log folder (and printed). Collapse: per-image teacher entropy near ln K (uniform) or batch-mean entropy
-    near 0 (one prototype for every image)."""
+    near 0 (one prototype for every image).
+
+    Reads only logged metrics (``trainer.callback_metrics``): ``train/loss`` (every step), ``collapse/*`` (the
+    module's statistics steps) and ``knn/*`` (``KNNCheck``, placed before this callback). The losses stay
+    tensors on their device until the end (no host sync per step); ``state_dict`` turns them into floats."""
 
     def __init__(self, window: int = 20, uniform_frac: float = 0.98, one_hot_frac: float = 0.05):
         self.window, self.uniform_frac, self.one_hot_frac = window, uniform_frac, one_hot_frac
-        self.first: list[float] = []
-        self.last: list[float] = []
-        self.last_stats: dict[str, float] = {}
+        self.first: list[Any] = []  # tensors, or floats after a resume
+        self.last: deque = deque(maxlen=window)
+        self.last_stats: dict[str, Any] = {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"first": list(self.first)}
+        return {"first": [float(x) for x in self.first]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.first = list(state_dict.get("first", []))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        stats = pl_module.last_stats  # one read: each reads the loss back from the device
-        loss = stats.get("train/loss")
+        metrics = trainer.callback_metrics
+        loss = metrics.get("train/loss")
         if loss is None:
             return
         if len(self.first) < self.window:
             self.first.append(loss)
-        self.last = (self.last + [loss])[-self.window:]
-        self.last_stats = dict(stats)
+        self.last.append(loss)
+        self.last_stats.update((k, v) for k, v in metrics.items() if k.startswith("collapse/"))
+        self.last_stats["train/loss"] = loss
 
     def collapse_verdict(self) -> tuple[bool, str]:
-        ent = self.last_stats.get("collapse/teacher_entropy_frac")
-        bent = self.last_stats.get("collapse/batch_mean_entropy_frac")
+        ent = _as_float(self.last_stats.get("collapse/teacher_entropy_frac"))
+        bent = _as_float(self.last_stats.get("collapse/batch_mean_entropy_frac"))
         if ent is None or bent is None:
             return True, "no statistics"
         if ent > self.uniform_frac:
@@ -226,20 +241,9 @@ class RunSummary(pl.Callback):
         log_dir = trainer.log_dir or trainer.default_root_dir  # a broadcast: every rank must ask
         if trainer.global_rank != 0:
             return
-        healthy, why = self.collapse_verdict()
-        summary: dict[str, Any] = {
-            "variant": pl_module.hparams.variant, "arch": pl_module.hparams.arch, "steps": trainer.global_step,
-            "epochs": trainer.current_epoch,
-            "loss_start": sum(self.first) / len(self.first) if self.first else None,
-            "loss_end": sum(self.last) / len(self.last) if self.last else None,
-            "collapse_healthy": healthy, "collapse": why, **self.last_stats}
-        for cb in trainer.callbacks:
-            if isinstance(cb, KNNCheck):
-                summary.update(knn_top1_random_init=cb.random_init_top1, knn_top1=cb.final_top1,
-                               knn_gain=None if cb.random_init_top1 is None or cb.final_top1 is None
-                               else cb.final_top1 - cb.random_init_top1)
-        if not healthy:
-            rank_zero_warn(f"collapse watch: {why}")
+        summary = self.summary(trainer, pl_module)
+        if not summary["collapse_healthy"]:
+            rank_zero_warn(f"collapse watch: {summary['collapse']}")
         write_summary(log_dir, objective="dino", variant=pl_module.hparams.variant, metrics=summary,
                       data=getattr(trainer.datamodule, "data", None), backbone_config=dict(pl_module.backbone.config),
                       config=dict(pl_module.hparams),
@@ -248,3 +252,20 @@ class RunSummary(pl.Callback):
                if not k.startswith("collapse/")}
         rank_zero_info("pretraining summary: " + ", ".join(f"{k}={v}" for k, v in fmt.items()))
         rank_zero_info(f"summary written to {Path(log_dir) / 'summary.json'}")
+
+    def summary(self, trainer, pl_module) -> dict[str, Any]:
+        """The summary.json dict (plain python values)."""
+        healthy, why = self.collapse_verdict()
+        first, last = [float(x) for x in self.first], [float(x) for x in self.last]
+        knn = {k: _as_float(trainer.callback_metrics.get(f"knn/{k}")) for k in ("top1_random_init", "top1", "gain")}
+        return {"variant": pl_module.hparams.variant, "arch": pl_module.hparams.arch, "steps": trainer.global_step,
+                "epochs": trainer.current_epoch,
+                "loss_start": sum(first) / len(first) if first else None,
+                "loss_end": sum(last) / len(last) if last else None,
+                "collapse_healthy": healthy, "collapse": why,
+                **{k: _as_float(v) for k, v in self.last_stats.items()},
+                **({f"knn_{k}": v for k, v in knn.items()} if knn["top1"] is not None else {})}
+
+
+def _as_float(v: Any) -> Optional[float]:
+    return None if v is None else float(v)

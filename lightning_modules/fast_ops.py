@@ -2,7 +2,8 @@
 
 Same maths as facebookresearch/dino ``utils.clip_gradients`` and the ``train_one_epoch`` teacher EMA (the
 per-parameter loops live on in ``schedules.clip_gradients`` as the reference); nothing here reads a value back
-to the host, so on a GPU the step never waits for the device.
+to the host on a GPU, so the step never waits for the device (on a CPU, where reading a value is free, the clip
+multiplies only the gradients it clips, as upstream, instead of all of them by ``min(coef, 1)``).
 
     >>> import torch
     >>> s = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2, 2))]
@@ -34,6 +35,11 @@ def clip_grad_norms_(params: Iterable[torch.Tensor], clip: float) -> Optional[to
         return None
     norms = torch.stack(torch._foreach_norm(grads, 2))
     coefs = (clip / (norms + 1e-6)).clamp_max_(1.0)
+    if norms.device.type == "cpu":  # reading the values costs nothing here: touch only the clipped gradients
+        for g, c, clipped in zip(grads, coefs.unbind(), (coefs < 1).tolist()):
+            if clipped:
+                g.mul_(c)
+        return norms
     by_dtype: dict[torch.dtype, tuple[list, list]] = {}
     for g, c in zip(grads, coefs.unbind()):
         gs, cs = by_dtype.setdefault(g.dtype, ([], []))

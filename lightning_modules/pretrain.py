@@ -138,16 +138,17 @@ def nodes_from_cluster(rest: list[str]) -> list[str]:
 
 
 def early_checks(data: str, data_root: str, preset_file: Path, rest: list[str]) -> None:
-    """The launch checks that need no model (seconds, before a ViT is built): nodes and the dataset layout.
-    ``check_launch`` repeats them on the final configuration."""
+    """The launch checks that need no model (before a ViT is built): the node count and that DATA_ROOT exists.
+    The dataset itself is read once, by ``check_launch`` (``DataModule.setup``, which fit reuses), still in
+    the launching process."""
     nodes = [a.split("=", 1)[1] for a in rest if a.startswith("--trainer.num_nodes=")]
     if not nodes:
         import yaml
         nodes = [((yaml.safe_load(preset_file.read_text()) or {}).get("trainer") or {}).get("num_nodes", 1)]
     refuse_unlaunched_multinode(int(nodes[-1]))
-    if data != "demo":  # the demo data is generated on first use instead
+    if data != "demo" and not Path(data_root).is_dir():  # the demo data is generated on first use instead
         from datamodules.pretraining import load_split
-        load_split(data, data_root, "train")
+        load_split(data, data_root, "train")  # the dataset's own error (names the layout and the source)
 
 
 def check_launch(cli: LightningCLI) -> None:
@@ -214,21 +215,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not torch.cuda.is_available() and not any(a.startswith("--trainer.precision") for a in rest):
         # mixed precision only where the device supports it (the paper preset asks for 16-mixed): fp32 on CPU
         args.append("--trainer.precision=32-true")
-    # the frozen EMA teacher is in eval mode on purpose (no drop-path, as the official teacher)
-    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
     PretrainCLI.dist_timeout_min = known.dist_timeout
-    saved_argv, sys.argv = sys.argv, sys.argv[:1]  # everything reaches LightningCLI through `args`
     try:
-        cli = PretrainCLI(DINOPretrainModule, DINOPretrainDataModule, run=False, args=args,
-                          subclass_mode_model=False, subclass_mode_data=False,
-                          save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
+        cli = build_cli(PretrainCLI, DINOPretrainModule, DINOPretrainDataModule, args)
     except SystemExit as e:  # jsonargparse already printed the reason (unknown key, bad value, --help)
         return int(e.code or 0)
     except ValueError as e:  # e.g. a dataset layout error raised while building objects
         print(f"error: {e}", file=sys.stderr)
         return 2
-    finally:
-        sys.argv = saved_argv
     try:
         check_launch(cli)
     except (LaunchError, DatasetError) as e:
@@ -236,16 +230,31 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     if global_rank() == 0:  # the processes Lightning starts run this too
         print(scale_line(cli), flush=True)
-    return fit(cli, resume_path)
+    # the frozen EMA teacher is in eval mode on purpose (no drop-path, as the official teacher)
+    return fit(cli, resume_path, quiet=(r"Found \d+ module\(s\) in eval mode",))
 
 
-def fit(cli: LightningCLI, resume_path: Optional[str]) -> int:
+def build_cli(cli_class: type, model_class: type, data_class: type, args: list[str]) -> LightningCLI:
+    """The CLI from ``args`` alone (``main(argv)`` may be called with the process's own arguments still in
+    sys.argv: LightningCLI's warning about both is silenced for this call only)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+        return cli_class(model_class, data_class, run=False, args=args, subclass_mode_model=False,
+                         subclass_mode_data=False, save_config_kwargs={"overwrite": True},
+                         auto_configure_optimizers=False)
+
+
+def fit(cli: LightningCLI, resume_path: Optional[str], quiet: tuple[str, ...] = ()) -> int:
     """``trainer.fit`` for every training CLI: exit 0, or 1 with the reason on a non-finite loss, an incompatible
-    checkpoint or bad data met during training."""
+    checkpoint or bad data met during training. ``quiet``: warning messages (regexes) expected by design,
+    ignored during this fit only."""
     if resume_path:
         rank_zero_info(f"resuming from {resume_path}")
     try:
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=resume_path)
+        with warnings.catch_warnings():
+            for pattern in quiet:
+                warnings.filterwarnings("ignore", message=pattern)
+            cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=resume_path)
     except (NonFiniteLossError, CheckpointError, DatasetError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -11,7 +11,6 @@ summary.json: runs/<variant>/pretrain/<preset>/version_N/.
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,8 +20,8 @@ from lightning.pytorch.cli import LightningArgumentParser
 from datamodules.errors import DatasetError
 from datamodules.supervised import SupervisedDataModule
 from lightning_modules.checkpoint_io import AtomicCheckpointIO
-from lightning_modules.pretrain import (CONFIGS, PretrainCLI, build_args, early_checks, fit, nodes_from_cluster,
-                                         parse_common, resolve_resume)
+from lightning_modules.pretrain import (CONFIGS, PretrainCLI, build_args, build_cli, early_checks, fit,
+                                         nodes_from_cluster, parse_common, resolve_resume)
 from lightning_modules.supervised_module import SupervisedModule, validate_supervised_checkpoint
 from tokenmix import paths
 from tokenmix.io import CheckpointError
@@ -87,18 +86,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = build_args(variant, known.data, known.data_root, str(preset_file), runs, resume_path, rest)
     if not torch.cuda.is_available() and not any(a.startswith("--trainer.precision") for a in rest):
         args.append("--trainer.precision=32-true")  # a GPU AMP override in a preset falls back to fp32 on CPU
-    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
-    saved_argv, sys.argv = sys.argv, sys.argv[:1]
     try:
-        cli = SupervisedCLI(SupervisedModule, SupervisedDataModule, run=False, args=args,
-                            subclass_mode_model=False, subclass_mode_data=False,
-                            save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
+        cli = build_cli(SupervisedCLI, SupervisedModule, SupervisedDataModule, args)
     except SystemExit as e:
         return int(e.code or 0)
     except ValueError as e:
         return _fail(str(e))
-    finally:
-        sys.argv = saved_argv
     try:
         refuse_unlaunched_multinode(cli.trainer.num_nodes)
         have = cli.datamodule.num_classes
@@ -107,7 +100,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                          f"pass --model.num_classes={have}")
     except (LaunchError, DatasetError) as e:
         return _fail(str(e))
-    return fit(cli, resume_path)
+    return fit(cli, resume_path, quiet=(r".*does not have many workers.*",))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from backbones import create_vit, parse_variant
 from backbones.checkpoint import SUPERVISED, check_resume_config, validate_lightning, write_entry
+from lightning_modules.callbacks import FixedImagesCallback, _grid_images, _tb
 from lightning_modules.dino_module import NonFiniteLossError, _plain
 from tokenmix.results import write_summary
 
@@ -83,7 +84,6 @@ class SupervisedModule(pl.LightningModule):
         self.train_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.random_init: dict[str, float] = {}  # val metrics before the first step (sanity pass)
         self.last_val: dict[str, float] = {}
-        self.last_stats: dict[str, float] = {}
         self._last_batch_end: Optional[float] = None
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -118,7 +118,6 @@ class SupervisedModule(pl.LightningModule):
                                      f"checkpoint: {ckpt}. Resume from it (RESUME=<path>) with a lower lr or "
                                      "trainer.precision=32-true.")
         self.train_top1(logits.detach(), labels)
-        self.last_stats = {"train/loss": loss.detach().item()}
         self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
         self.log("train/lr", lr, on_step=True, on_epoch=False)
         self.log("train/top1", self.train_top1, on_step=False, on_epoch=True)
@@ -170,25 +169,18 @@ class SupervisedModule(pl.LightningModule):
         self.random_init = dict(meta.get("random_init") or {})
 
 
-class VoteMaps(pl.Callback):
+class VoteMaps(FixedImagesCallback):
     """``lastvit`` variants: TensorBoard images of fixed val images and their vote-count maps (how many of the D
-    channels picked each patch), at the start and every ``every_n_epochs``; rank 0 only, no collectives."""
-
-    def __init__(self, every_n_epochs: int = 1, num_images: int = 8):
-        self.every_n_epochs, self.num_images = max(1, every_n_epochs), num_images
-        self._images: Optional[torch.Tensor] = None
+    channels picked each patch), at the start, every ``every_n_epochs`` and at the end; rank 0 only."""
 
     @torch.no_grad()
     def log_now(self, trainer: pl.Trainer, pl_module: SupervisedModule) -> None:
-        from lightning_modules.callbacks import _grid_images, _tb
         model = pl_module.backbone
         tb = _tb(trainer)
         if tb is None or trainer.global_rank != 0 or model.aggregator is None:
             return
         if self._images is None:
-            ds = trainer.datamodule.eval_dataset()
-            idx = torch.linspace(0, len(ds) - 1, min(self.num_images, len(ds))).round().long().tolist()
-            self._images = torch.stack([ds[i][0] for i in idx])
+            self.fixed_images(trainer.datamodule.eval_dataset())
             from datamodules.transforms.views import IMAGENET_MEAN, IMAGENET_STD
             mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
             tb.add_images("votes/inputs", (self._images * std + mean).clamp(0, 1), trainer.global_step)
@@ -203,26 +195,18 @@ class VoteMaps(pl.Callback):
         tb.add_scalar("votes/max_share", (votes.amax(1) / votes.sum(1)).mean().item(), trainer.global_step)
         tb.flush()
 
-    def on_train_start(self, trainer, pl_module):
-        self.log_now(trainer, pl_module)
-
-    def on_train_epoch_end(self, trainer, pl_module):
-        if (trainer.current_epoch + 1) % self.every_n_epochs == 0:
-            self.log_now(trainer, pl_module)
-
-
 class SupervisedSummary(pl.Callback):
     """Final val top-1/top-5, the same at random init, loss at the start vs the end and the wall time ->
     summary.json in the log folder (rank 0; the metrics were already synced by the module)."""
 
     def __init__(self, window: int = 20):
         self.window = window
-        self.first: list[float] = []
-        self.last: list[float] = []
+        self.first: list[Any] = []  # loss tensors (floats after a resume): no host sync per step
+        self.last: list[Any] = []
         self._t0: Optional[float] = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"first": list(self.first)}
+        return {"first": [float(x) for x in self.first]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.first = list(state_dict.get("first", []))
@@ -231,7 +215,7 @@ class SupervisedSummary(pl.Callback):
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        loss = pl_module.last_stats.get("train/loss")
+        loss = trainer.callback_metrics.get("train/loss")  # what the module logged this step
         if loss is not None:
             if len(self.first) < self.window:
                 self.first.append(loss)
@@ -242,11 +226,12 @@ class SupervisedSummary(pl.Callback):
         if trainer.global_rank != 0:
             return
         init, final = pl_module.random_init, pl_module.last_val
+        first, last = [float(x) for x in self.first], [float(x) for x in self.last]
         summary = {"objective": KIND, "variant": pl_module.hparams.variant, "arch": pl_module.hparams.arch,
                    "data": getattr(trainer.datamodule, "data", None),
                    "steps": trainer.global_step, "epochs": trainer.current_epoch,
-                   "loss_start": sum(self.first) / len(self.first) if self.first else None,
-                   "loss_end": sum(self.last) / len(self.last) if self.last else None,
+                   "loss_start": sum(first) / len(first) if first else None,
+                   "loss_end": sum(last) / len(last) if last else None,
                    "val_top1": final.get("val_top1"), "val_top5": final.get("val_top5"),
                    "val_top1_random_init": init.get("val_top1"), "val_top5_random_init": init.get("val_top5"),
                    "val_top1_gain": None if not init or not final else final["val_top1"] - init["val_top1"],
