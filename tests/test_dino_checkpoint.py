@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import backbones
+from helpers.official_dino_utils import get_params_groups
 from tokenmix.io import CheckpointError, safe_torch_load
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")  # DINO's own (old) weight-norm API
@@ -126,18 +127,6 @@ class MultiCropWrapper(nn.Module):
         backbone.fc, backbone.head = nn.Identity(), nn.Identity()
         self.backbone = backbone
         self.head = head
-
-
-def get_params_groups(model):
-    regularized, not_regularized = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        if name.endswith(".bias") or len(param.shape) == 1:
-            not_regularized.append(param)
-        else:
-            regularized.append(param)
-    return [{'params': regularized}, {'params': not_regularized, 'weight_decay': 0.}]
 
 
 # --------------------------------------------------------------------------- the checkpoint, as main_dino.py saves it
