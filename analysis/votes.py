@@ -21,7 +21,7 @@ import torch
 from . import figures
 from .boxes import boxes_to_patch_mask
 from .data import Sample, crop_boxes
-from .shards import Options, batches, run_local, vis_lists
+from .shards import Options, batches, vis_lists
 
 STATS = ("share_in_box", "top_in_box", "chance", "top1_share", "patches_with_votes")
 
@@ -87,9 +87,3 @@ def finish_votes(model, records: list[dict], run, opts: Options) -> dict:
             "cyan = most voted", boxes=vis["boxes"], markers=[int(v.argmax()) for v in vis["votes"]],
             cmap="viridis"))
     return res
-
-
-def run_votes(model, samples: Iterable[Sample], run, opts: Options) -> dict:
-    """``make analyze TASK=votes`` in one process."""
-    check_votes(model)
-    return run_local(extract_votes, finish_votes, model, samples, run, opts)
