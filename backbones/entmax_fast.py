@@ -1,17 +1,15 @@
 """Fast exact entmax-1.5 and sparsemax for attention: ``entmax15(scores, dim=-1)``, ``sparsemax(scores, dim=-1)``.
 
 Same values and gradients as ``entmax.entmax15`` / ``entmax.sparsemax`` (to float rounding), without their
-full sort. The threshold tau is found by Newton steps from below (they never overshoot, so {z > tau}
-always contains the true support) and finished with the closed-form root on that support, accepted only
-when it is consistent with it (every member above tau, every non-member at or below): then it is exact.
-Rows that do not settle fall back to the sort-based formula. The backward saves only the output Y.
+full sort: Newton steps from below (never overshooting, so {z > tau} contains the true support), finished by
+the closed-form root on that support when it is consistent with it (then exact); rows that do not settle
+use the sort-based formula. The backward saves only the output Y.
 :func:`sparse_attention` goes further for attention: it saves q, k, v and 2 numbers per row, not Y.
 
 Backends, the ``backend`` argument of every op (default :data:`DEFAULT_BACKEND`; a ViT takes it as
-``create_vit(..., entmax_backend=...)`` and passes it to each attention layer):
-- ``cpp``: backbones/csrc/entmax_fast.cpp, SIMD loops per row, rows split over torch's OpenMP threads;
-  compiled at first use with ``-O3 -march=native`` for the CPU it runs on and cached under
-  ``~/.cache/tokenmix`` (key: source, flags, compiler and CPU features). CPU, float32/float64.
+``create_vit(..., entmax_backend=...)``):
+- ``cpp``: backbones/csrc/entmax_fast.cpp, SIMD loops per row over torch's OpenMP threads, built at first use
+  (``-O3 -march=native``) and cached under ``~/.cache/tokenmix`` per source, flags, compiler and CPU features.
 - ``torch``: the same algorithm in vectorised PyTorch; any device (GPU included), any float dtype.
 - ``auto`` (default): ``cpp`` for CPU tensors when it builds, else ``torch`` (one warning if the build fails).
 Inputs in fp16/bf16 are computed in fp32; the result is fp32 (fp64 stays fp64).
@@ -20,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -294,10 +293,19 @@ def _recompute(s2: torch.Tensor, mt: torch.Tensor, entmax15: bool, cpp: bool) ->
         s2.copy_(_apply_torch(s2, mt, entmax15))
 
 
+def _scaled_mm(a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
+    """``(a @ b) * scale``, contiguous. A power-of-two scale (1/8 for head dim 64) is exact, so it is applied
+    inside the batched GEMM (``alpha``) with the same bits and without a pass over the (.., N, M) result."""
+    if a.shape[:-2] != b.shape[:-2] or a.dim() < 3 or math.frexp(scale)[0] != 0.5:
+        return torch.matmul(a, b).mul_(scale)
+    a3, b3 = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])
+    return torch.baddbmm(a3.new_zeros(1, 1, 1), a3, b3, beta=0, alpha=scale).view(*a.shape[:-1], b.shape[-1])
+
+
 def _logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     # DINO's order, (q @ k^T) * scale, in fp32 whatever the input dtype; contiguous (B, H, N, M)
     dt = q.dtype if q.dtype in _SUFFIX else torch.float32
-    return torch.matmul(q.to(dt), k.to(dt).transpose(-2, -1)).mul_(scale)
+    return _scaled_mm(q.to(dt), k.to(dt).transpose(-2, -1), scale)
 
 
 class _SparseAttentionFn(torch.autograd.Function):
@@ -306,6 +314,7 @@ class _SparseAttentionFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, scale: float, entmax15: bool, backend: str):
+        q, k, v = (t.contiguous() for t in (q, k, v))  # views of one qkv: copy once here, not in every matmul
         s = _logits(q, k, scale)
         s2 = s.view(-1, s.shape[-1])
         cpp = _use_cpp(s2, backend)
@@ -326,7 +335,7 @@ class _SparseAttentionFn(torch.autograd.Function):
         y = _logits(q, k, ctx.scale)
         y2 = y.view(-1, y.shape[-1])
         _recompute(y2, mt, ctx.entmax15, ctx.cpp)
-        dout = dout.to(y.dtype)
+        dout = dout.to(y.dtype).contiguous()  # usually a transposed view: one copy for both matmuls below
         dv = torch.matmul(y.transpose(-2, -1), dout)
         ds = torch.matmul(dout, v.to(y.dtype).transpose(-2, -1)).contiguous()
         ds2 = ds.view(-1, ds.shape[-1])
@@ -335,9 +344,11 @@ class _SparseAttentionFn(torch.autograd.Function):
         else:
             ds2.copy_(_backward_torch(y2, ds2, ctx.entmax15))
         del y, y2
-        ds.mul_(ctx.scale)
-        dq = torch.matmul(ds, k.to(ds.dtype))
-        dk = torch.matmul(ds.transpose(-2, -1), q.to(ds.dtype))
+        scale = ctx.scale if math.frexp(ctx.scale)[0] == 0.5 else 1.0  # a power of two goes into the GEMMs
+        if scale == 1.0:
+            ds.mul_(ctx.scale)  # any other scale: the earlier order, same bits
+        dq = _scaled_mm(ds, k.to(ds.dtype), scale)
+        dk = _scaled_mm(ds.transpose(-2, -1), q.to(ds.dtype), scale)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
@@ -346,10 +357,9 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     """``normaliser((q @ k^T) * scale) @ v`` for q (..., N, d), k (..., M, d), v (..., M, dv), with
     normaliser entmax-1.5 or sparsemax over the keys; memory like fused softmax attention.
 
-    Same values and gradients as the unfused three lines, but the backward keeps only q, k, v and two
-    numbers per query row, not the (N x M) probabilities (which it recomputes exactly). Logits, the
-    normaliser and the products run in fp32 (fp64 stays fp64); the output is in that dtype too.
-    No mask and no attention dropout: use the unfused path for those.
+    Same values and gradients as the unfused three lines, but the backward keeps only q, k, v and two numbers
+    per query row, not the (N x M) probabilities (recomputed exactly). Logits, normaliser and products run in
+    fp32 (fp64 stays fp64), as does the output. No mask, no attention dropout: use the unfused path for those.
     """
     if kind not in ("entmax15", "sparsemax"):
         raise ValueError(f"sparse_attention kind must be 'entmax15' or 'sparsemax', got '{kind}'")
@@ -381,9 +391,7 @@ def _apply(scores: torch.Tensor, dim: int, entmax15: bool, backend: str) -> torc
 
 def entmax15(scores: torch.Tensor, dim: int = -1, backend: str = DEFAULT_BACKEND) -> torch.Tensor:
     """Exact entmax-1.5 along ``dim`` (= ``entmax.entmax15``): Y = clamp(X/2 - tau, 0)^2, rows sum to 1.
-
-    Masked entries may be -inf (they get exactly 0); a row with no finite entry gives NaN, like softmax.
-    """
+    Masked entries may be -inf (they get exactly 0); a row with no finite entry gives NaN, like softmax."""
     return _apply(scores, dim, True, backend)
 
 

@@ -296,8 +296,33 @@ def test_sparse_attention_matches_unfused(backend, name, N, M):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("N", [37, 197])
+def test_sparse_attention_is_bitwise_the_unfused_lines_for_head_dim_64(backend, name, N):
+    # the ViT case: q, k, v strided views of one qkv tensor, scale 1/8 (a power of two, which the fused path
+    # applies inside its GEMMs): the same bits as the unfused DINO lines with the same normaliser, in autograd
+    torch.manual_seed(N)
+    B, H, d = 2, 3, 64
+    qkv = torch.randn(B, N, 3, H, d)
+    g = torch.randn(B, H, N, d)
+    results = []
+    for fused in (True, False):
+        x = qkv.clone().requires_grad_()
+        q, k, v = x.permute(2, 0, 3, 1, 4).unbind(0)
+        if fused:
+            out = ef.sparse_attention(q, k, v, d ** -0.5, name, backend=backend)
+        else:
+            out = getattr(ef, name)((q @ k.transpose(-2, -1)) * d ** -0.5, dim=-1, backend=backend) @ v
+        out.backward(g)
+        results.append((out.detach(), x.grad))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_sparse_attention_saves_no_probabilities(backend):
-    # memory like fused softmax: q, k, v (views the layer keeps anyway) and 2 numbers per query row
+    # memory like fused softmax: q, k, v (contiguous copies; the qkv output they replace is freed) and 2
+    # numbers per query row
     q, k, v = (torch.randn(2, 3, 20, 8, requires_grad=True) for _ in range(3))
     out = ef.sparse_attention(q, k, v, 0.3, backend=backend)
     shapes = [tuple(t.shape) for t in out.grad_fn.saved_tensors]
