@@ -33,10 +33,8 @@ def _dtype(q: Tensor) -> torch.dtype:
 @torch.library.custom_op("tokenmix::sparse_attn_fwd", mutates_args=())
 def _fwd(q: Tensor, k: Tensor, v: Tensor, scale: float, entmax15: bool, backend: str) -> tuple[Tensor, Tensor]:
     with torch.autocast(device_type=q.device.type, enabled=False):
-        s = ef._logits(q, k, scale)
-        s2 = s.view(-1, s.shape[-1])
-        mt = ef._row_stats(s2, entmax15, ef._use_cpp(s2, backend))
-        return torch.matmul(s, v.to(s.dtype)), mt
+        out, mt, _ = ef._attention_forward(q, k, v, scale, entmax15, backend)
+        return out, mt
 
 
 @_fwd.register_fake

@@ -275,17 +275,6 @@ class _SparseNormFn(torch.autograd.Function):
         return dx, None, None
 
 
-def _row_stats(s2: torch.Tensor, entmax15: bool, cpp: bool) -> torch.Tensor:
-    """Y in place of the (rows, n) logits s2; returns the (rows, 2) statistics that recompute it."""
-    if cpp:
-        mt = s2.new_empty(s2.shape[0], 2)
-        _cpp_call("entmax15_fwd" if entmax15 else "sparsemax_fwd", s2, s2, mt)
-        return mt
-    y, mt = _forward_torch(s2, entmax15)
-    s2.copy_(y)
-    return mt
-
-
 def _recompute(s2: torch.Tensor, mt: torch.Tensor, entmax15: bool, cpp: bool) -> None:
     if cpp:
         _cpp_call("entmax15_apply" if entmax15 else "sparsemax_apply", s2, mt, s2)
@@ -308,6 +297,21 @@ def _logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     return _scaled_mm(q.to(dt), k.to(dt).transpose(-2, -1), scale)
 
 
+def _attention_forward(q, k, v, scale: float, entmax15: bool, backend: str):
+    """(output, the (rows, 2) statistics that recompute Y, whether the C++ kernel ran): the forward of both the
+    autograd function and the ``torch.compile`` custom op (backbones/compile_ops.py)."""
+    s = _logits(q, k, scale)
+    s2 = s.view(-1, s.shape[-1])  # Y replaces the logits in place
+    cpp = _use_cpp(s2, backend)
+    if cpp:
+        mt = s2.new_empty(s2.shape[0], 2)
+        _cpp_call("entmax15_fwd" if entmax15 else "sparsemax_fwd", s2, s2, mt)
+    else:
+        y, mt = _forward_torch(s2, entmax15)
+        s2.copy_(y)
+    return torch.matmul(s, v.to(s.dtype)), mt, cpp
+
+
 class _SparseAttentionFn(torch.autograd.Function):
     """out = normaliser(q k^T * scale) v, saving q, k, v and 2 numbers per row instead of the (N x M)
     probabilities: the backward recomputes them (one extra q k^T, as flash attention does) bit for bit."""
@@ -315,11 +319,7 @@ class _SparseAttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale: float, entmax15: bool, backend: str):
         q, k, v = (t.contiguous() for t in (q, k, v))  # views of one qkv: copy once here, not in every matmul
-        s = _logits(q, k, scale)
-        s2 = s.view(-1, s.shape[-1])
-        cpp = _use_cpp(s2, backend)
-        mt = _row_stats(s2, entmax15, cpp)
-        out = torch.matmul(s, v.to(s.dtype))
+        out, mt, cpp = _attention_forward(q, k, v, scale, entmax15, backend)
         ctx.save_for_backward(q, k, v, mt)
         ctx.scale, ctx.entmax15, ctx.cpp = scale, entmax15, cpp
         return out
@@ -344,11 +344,11 @@ class _SparseAttentionFn(torch.autograd.Function):
         else:
             ds2.copy_(_backward_torch(y2, ds2, ctx.entmax15))
         del y, y2
-        scale = ctx.scale if math.frexp(ctx.scale)[0] == 0.5 else 1.0  # a power of two goes into the GEMMs
-        if scale == 1.0:
-            ds.mul_(ctx.scale)  # any other scale: the earlier order, same bits
-        dq = _scaled_mm(ds, k.to(ds.dtype), scale)
-        dk = _scaled_mm(ds.transpose(-2, -1), q.to(ds.dtype), scale)
+        exact = math.frexp(ctx.scale)[0] == 0.5  # a power of two goes into the GEMMs (_scaled_mm)
+        if not exact:
+            ds.mul_(ctx.scale)  # any other scale: scaled first, the earlier order, same bits
+        dq = _scaled_mm(ds, k.to(ds.dtype), ctx.scale if exact else 1.0)
+        dk = _scaled_mm(ds.transpose(-2, -1), q.to(ds.dtype), ctx.scale if exact else 1.0)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
