@@ -3,7 +3,9 @@
 ``RankSeed``: a different RNG stream per rank. ``RankReport``: every rank writes what only it can see (BatchNorm types and running means of the teacher head,
 its world size) to ``<dir>/rank<r>.json`` at the end of training.
 Run as a script: ``probes ...`` / ``analyses ...`` (see ``_probes_main``, ``_analyses_main``), or ``lightning_modules.pretrain.main`` with an optional pause inside step ``PAUSE_AT_STEP`` (every
-rank prints PAUSED and sleeps) so a test can SIGKILL the whole run mid-training.
+rank writes ``<PAUSE_DIR>/rank<r>`` and sleeps) so a test can SIGKILL the whole run mid-training. Marker files,
+not a line on the shared stdout: two ranks writing one pipe can interleave a line so that no line starts with
+the word, and a blocking ``readline`` cannot honour a deadline.
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ def _pausing_main() -> int:
 
     def step(self, batch, batch_idx):
         if self.global_step == pause:
-            print(f"PAUSED rank {self.global_rank}", flush=True)
+            marker = Path(os.environ["PAUSE_DIR"]) / f"rank{self.global_rank}"
+            marker.write_text(str(os.getpid()))
             time.sleep(600)
         return orig(self, batch, batch_idx)
     dino_module.DINOPretrainModule.training_step = step

@@ -26,10 +26,11 @@ def _env(**extra) -> dict:
                 **{k: str(v) for k, v in extra.items()})
 
 
-def _start(runs: Path, extra: list[str], pause: int = -1) -> subprocess.Popen:
+def _start(runs: Path, extra: list[str], pause: int = -1, log=subprocess.PIPE) -> subprocess.Popen:
     cmd = [sys.executable, str(HELPERS), *DDP, "--runs-dir", str(runs), *extra]
-    return subprocess.Popen(cmd, cwd=REPO, env=_env(PAUSE_AT_STEP=pause), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    env = _env(PAUSE_AT_STEP=pause, PAUSE_DIR=runs / "paused")
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
 
 
 def _finish(p: subprocess.Popen, timeout: int = 400) -> str:
@@ -123,14 +124,17 @@ def test_two_processes_sigkill_then_resume_is_bitwise_identical(tmp_path):
     extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs}}))
     t0 = time.perf_counter()
     straight = _start(tmp_path / "a", [f"--config={extra}"])
-    killed = _start(tmp_path / "b", [f"--config={extra}"], pause=5)  # step 5 = last of epoch 1; last.ckpt: step 4
+    paused = tmp_path / "b" / "paused"
+    paused.mkdir(parents=True)
+    log = tmp_path / "killed.log"
+    with open(log, "w") as out:  # a file, not a pipe: nothing blocks on it, the deadline below holds
+        killed = _start(tmp_path / "b", [f"--config={extra}"], pause=5, log=out)  # step 5 = last of epoch 1
     try:
-        paused, deadline = 0, time.time() + 400
-        while paused < 2:  # both ranks inside step 5
-            line = killed.stdout.readline()
-            assert line or killed.poll() is None, "run ended before reaching the pause"
-            assert time.time() < deadline
-            paused += line.startswith("PAUSED")
+        deadline = time.time() + 400
+        while len(list(paused.glob("rank*"))) < 2:  # both ranks inside step 5 (last.ckpt: step 4)
+            assert killed.poll() is None, f"run ended before reaching the pause:\n{log.read_text()[-4000:]}"
+            assert time.time() < deadline, f"no pause within 400 s:\n{log.read_text()[-4000:]}"
+            time.sleep(0.5)
         os.killpg(killed.pid, signal.SIGKILL)  # the launcher and the process it started
         killed.wait(timeout=60)
     finally:
