@@ -1,4 +1,5 @@
-"""Helpers of the 2-process tests, importable by the processes Lightning starts (tests/ is on their PYTHONPATH).
+"""Helpers of the multi-process tests, importable by the processes Lightning starts (tests/ is on their PYTHONPATH);
+the pausable pretraining below also serves the 1-process SIGKILL test (tests/test_resume.py).
 
 ``RankSeed``: a different RNG stream per rank. ``RankReport``: every rank writes what only it can see (BatchNorm types and running means of the teacher head,
 its world size) to ``<dir>/rank<r>.json`` at the end of training.

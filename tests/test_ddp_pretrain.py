@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from helpers.killed_runs import assert_same, last_checkpoint, wait_for_pause
+
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).resolve().parent / "ddp_helpers.py"
 DDP = ["--variant", "softmax", "--preset", "tiny", "--trainer.devices=2", "--trainer.enable_progress_bar=false"]
@@ -43,12 +45,6 @@ def _finish(p: subprocess.Popen, timeout: int = 400) -> str:
     return out
 
 
-def _last(runs: Path) -> Path:
-    found = sorted(runs.glob("softmax/pretrain/**/checkpoints/last.ckpt"))
-    assert len(found) == 1, found
-    return found[0]
-
-
 @pytest.mark.timeout(600)
 def test_two_processes_end_to_end_with_knn_summary_and_head_batchnorm(tmp_path):
     tiny = yaml.safe_load((REPO / "configs/pretrain/tiny.yaml").read_text())
@@ -63,7 +59,7 @@ def test_two_processes_end_to_end_with_knn_summary_and_head_batchnorm(tmp_path):
     # the scale line: world size, per-device and total batch, lr after the linear rule, vs the paper's 1024
     assert "scale: world size 2" in out and "batch 8 per device x 2 = 16 total" in out, out[-3000:]
     assert "lr 0.00025 (base 0.004 x 16/256)" in out and "the paper's 1024" in out
-    ck_path = _last(tmp_path / "runs")
+    ck_path = last_checkpoint(tmp_path / "runs")
     logdir = ck_path.parents[1]
     assert sorted(p.name for p in logdir.parent.iterdir()) == ["version_0"]  # one run folder
     assert len(list(logdir.glob("events.out.tfevents.*"))) == 1  # TensorBoard from rank 0 only
@@ -99,22 +95,6 @@ def test_sync_batchnorm_under_gpu_ddp_converts_student_and_teacher():
         assert kinds == {"SyncBatchNorm"}
 
 
-def _assert_same(a, b, where="ckpt"):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a, b), f"{where} differs (max abs diff {(a.double() - b.double()).abs().max()})"
-    elif isinstance(a, dict):
-        assert set(a) == set(b), f"{where}: keys differ {set(a) ^ set(b)}"
-        for k in a:
-            _assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
 @pytest.mark.timeout(900)
 def test_two_processes_sigkill_then_resume_is_bitwise_identical(tmp_path):
     # tiny preset: 3 batches per epoch, 2 epochs, a checkpoint every 2 steps, drop-path on (per-rank RNG streams)
@@ -130,27 +110,23 @@ def test_two_processes_sigkill_then_resume_is_bitwise_identical(tmp_path):
     with open(log, "w") as out:  # a file, not a pipe: nothing blocks on it, the deadline below holds
         killed = _start(tmp_path / "b", [f"--config={extra}"], pause=5, log=out)  # step 5 = last of epoch 1
     try:
-        deadline = time.time() + 400
-        while len(list(paused.glob("rank*"))) < 2:  # both ranks inside step 5 (last.ckpt: step 4)
-            assert killed.poll() is None, f"run ended before reaching the pause:\n{log.read_text()[-4000:]}"
-            assert time.time() < deadline, f"no pause within 400 s:\n{log.read_text()[-4000:]}"
-            time.sleep(0.5)
+        wait_for_pause(paused, 2, killed, log)  # both ranks inside step 5 (last.ckpt: step 4)
         os.killpg(killed.pid, signal.SIGKILL)  # the launcher and the process it started
         killed.wait(timeout=60)
     finally:
         if killed.poll() is None:
             os.killpg(killed.pid, signal.SIGKILL)
     assert killed.returncode == -signal.SIGKILL
-    assert torch.load(_last(tmp_path / "b"), weights_only=True)["global_step"] == 4
+    assert torch.load(last_checkpoint(tmp_path / "b"), weights_only=True)["global_step"] == 4
     resumed = _finish(_start(tmp_path / "b", [f"--config={extra}", "--resume", "1"]))
     assert "resuming from" in resumed
     _finish(straight)
     print(f"straight + killed + resumed 2-process runs: {time.perf_counter() - t0:.1f} s")
-    a = torch.load(_last(tmp_path / "a"), weights_only=True)
-    b = torch.load(_last(tmp_path / "b"), weights_only=True)
+    a = torch.load(last_checkpoint(tmp_path / "a"), weights_only=True)
+    b = torch.load(last_checkpoint(tmp_path / "b"), weights_only=True)
     assert a["global_step"] == b["global_step"] == 6
     for key in ("state_dict", "optimizer_states", "tokenmix_rng", "epoch", "global_step"):
-        _assert_same(a[key], b[key], key)
+        assert_same(a[key], b[key], key)
     assert a["optimizer_states"][0]["state"], "optimizer state is empty"
     rng = a["tokenmix_rng"]["ranks_torch"]
     assert rng.shape[0] == 2 and not torch.equal(rng[0], rng[1])  # two different streams, both restored

@@ -5,39 +5,26 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from helpers.killed_runs import assert_same, last_checkpoint, wait_for_pause
 from lightning_modules.checkpoint_io import AtomicCheckpointIO
 from tokenmix.io import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Runs the tiny preset; when PAUSE_AT_STEP is set, stops inside that training step and waits to be killed.
-DRIVER = r"""
-import os, sys, time
-from lightning_modules import dino_module
-pause = int(os.environ.get("PAUSE_AT_STEP", "-1"))
-orig = dino_module.DINOPretrainModule.training_step
-def step(self, batch, batch_idx):
-    if self.global_step == pause:
-        print("PAUSED", flush=True)
-        time.sleep(600)
-    return orig(self, batch, batch_idx)
-dino_module.DINOPretrainModule.training_step = step
-from lightning_modules.pretrain import main
-sys.exit(main(sys.argv[1:]))
-"""
+HELPERS = Path(__file__).resolve().parent / "ddp_helpers.py"  # its default mode: pretrain, pausable
 
 
-def _run(runs: Path, extra: list[str], pause: int | None = None) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO), PAUSE_AT_STEP=str(pause if pause is not None else -1))
-    cmd = [sys.executable, "-c", DRIVER, "--variant", "softmax", "--preset", "tiny", "--runs-dir", str(runs),
+def _run(runs: Path, extra: list[str], pause: int | None = None, log=subprocess.PIPE) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO), PAUSE_AT_STEP=str(pause if pause is not None else -1),
+               PAUSE_DIR=str(runs / "paused"))
+    cmd = [sys.executable, str(HELPERS), "--variant", "softmax", "--preset", "tiny", "--runs-dir", str(runs),
            "--trainer.enable_progress_bar=false", *extra]
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
 def _finish(p: subprocess.Popen) -> str:
@@ -46,61 +33,37 @@ def _finish(p: subprocess.Popen) -> str:
     return out
 
 
-def _last(runs: Path) -> Path:
-    found = sorted(runs.glob("softmax/pretrain/**/checkpoints/last.ckpt"))
-    assert len(found) == 1, found
-    return found[0]
-
-
-def _assert_same(a, b, where="ckpt"):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a, b), f"{where} differs (max abs diff {(a.double() - b.double()).abs().max()})"
-    elif isinstance(a, dict):
-        assert set(a) == set(b), f"{where}: keys differ {set(a) ^ set(b)}"
-        for k in a:
-            _assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(tmp_path):
     # tiny preset: 3 batches per epoch, 2 epochs, a checkpoint every 2 steps, drop-path on (global RNG stream)
     straight = _run(tmp_path / "a", [])
-    killed = _run(tmp_path / "b", [], pause=5)  # step 5 = last batch of epoch 1; last.ckpt is from step 4
+    (tmp_path / "b" / "paused").mkdir(parents=True)
+    log = tmp_path / "killed.log"
+    with open(log, "w") as out:  # a file, not a pipe: nothing blocks on it, the deadline below holds
+        killed = _run(tmp_path / "b", [], pause=5, log=out)  # step 5 = last batch of epoch 1; last.ckpt: step 4
     try:
-        line = ""
-        deadline = time.time() + 240
-        while "PAUSED" not in line:
-            line = killed.stdout.readline()
-            assert line or killed.poll() is None, "driver ended before reaching the pause"
-            assert time.time() < deadline
+        wait_for_pause(tmp_path / "b" / "paused", 1, killed, log, timeout=240)
         killed.send_signal(signal.SIGKILL)
         killed.wait(timeout=60)
     finally:
         if killed.poll() is None:
             killed.kill()
     assert killed.returncode == -signal.SIGKILL
-    ck_b = _last(tmp_path / "b")
+    ck_b = last_checkpoint(tmp_path / "b")
     assert torch.load(ck_b, weights_only=True)["global_step"] == 4  # the kill landed mid-epoch
     resumed = _finish(_run(tmp_path / "b", ["--resume", "1"]))
     assert "resuming from" in resumed
     _finish(straight)
 
-    a = torch.load(_last(tmp_path / "a"), weights_only=True)
-    b = torch.load(_last(tmp_path / "b"), weights_only=True)
+    a = torch.load(last_checkpoint(tmp_path / "a"), weights_only=True)
+    b = torch.load(last_checkpoint(tmp_path / "b"), weights_only=True)
     assert a["global_step"] == b["global_step"] == 6
     # weights (student, EMA teacher, DINO centre), optimizer state, RNG streams, loop counters
     for key in ("state_dict", "optimizer_states", "tokenmix_rng", "tokenmix", "epoch", "global_step"):
-        _assert_same(a[key], b[key], key)
+        assert_same(a[key], b[key], key)
     assert "dino_loss.center" in a["state_dict"] and a["state_dict"]["dino_loss.center"].abs().sum() > 0
-    _assert_same(a["loops"]["fit_loop"]["epoch_progress"], b["loops"]["fit_loop"]["epoch_progress"], "epochs")
+    assert_same(a["loops"]["fit_loop"]["epoch_progress"], b["loops"]["fit_loop"]["epoch_progress"], "epochs")
     # the teacher really moved by EMA and differs from the student
     sd = a["state_dict"]
     assert not torch.equal(sd["teacher.backbone.blocks.0.attn.qkv.weight"], sd["student.backbone.blocks.0.attn.qkv.weight"])
