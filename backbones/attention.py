@@ -10,6 +10,8 @@ Two additions:
   ``attn = (q @ k^T) * scale; attn = normalizer(attn); x = attn @ v``.
 - ``qkv_cls``: an optional separate q/k/v projection for the [CLS] token (CLS/patch specialization);
   [CLS] and patches still attend jointly.
+``forward_queries(x, n)``: the first ``n`` output tokens only (every token still a key and value), for the
+last block of a ViT whose output is [CLS] (``backbones/block.py``).
 Set ``record = True`` to keep the last attention probabilities in ``last_attn`` (analysis, TensorBoard).
 
 timm builds the layer from ``attn_layer``; :func:`attention_layer` binds the constructor arguments:
@@ -56,11 +58,31 @@ class TokenMixAttention(Attention):
             return self.qkv(x)
         return torch.cat([self.qkv_cls(x[:, :1]), self.qkv(x[:, 1:])], dim=1)
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False) -> torch.Tensor:
+    def _heads(self, x: torch.Tensor, n: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q of the first ``n`` tokens (all if None), k and v of every token, each (B, heads, tokens, head_dim)."""
         B, N, _ = x.shape
-        qkv = self._qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        q, k = self.q_norm(q), self.k_norm(k)
+        if n is None or self.qkv_cls is not None:
+            qkv = self._qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv.unbind(0)
+            q = q if n is None else q[:, :, :n]
+        else:  # the q rows of the weight for the first n tokens only, k and v rows for all
+            D, w, b = self.attn_dim, self.qkv.weight, self.qkv.bias
+            lin = getattr(self.qkv, "functional", F.linear)  # the layer's own GEMM backend (backbones/linear.py)
+            q = lin(x[:, :n], w[:D], None if b is None else b[:D])
+            q = q.reshape(B, n, self.num_heads, self.head_dim).transpose(1, 2)
+            kv = lin(x, w[D:], None if b is None else b[D:])
+            k, v = kv.reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return self.q_norm(q), self.k_norm(k), v
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False) -> torch.Tensor:
+        return self._attend(*self._heads(x, None), attn_mask, is_causal)
+
+    def forward_queries(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """``self(x)[:, :n]``: every token a key and value, only the first ``n`` tokens queries (no mask)."""
+        return self._attend(*self._heads(x, n), None, False)
+
+    def _attend(self, q, k, v, attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+        B, _, n, _ = q.shape
         fused_kind = getattr(self.normalizer, "fused_kind", None)
         plain = not self.record and attn_mask is None and not is_causal and not (self.training and self.attn_drop.p > 0)
         if self.normalizer is None and not self.record:
@@ -81,9 +103,8 @@ class TokenMixAttention(Attention):
             if self.record:
                 self.last_attn = attn.detach()
             x = self.attn_drop(attn) @ v
-        x = x.transpose(1, 2).reshape(B, N, self.attn_dim)
-        x = self.proj_drop(self.proj(self.norm(x)))
-        return x
+        x = x.transpose(1, 2).reshape(B, n, self.attn_dim)
+        return self.proj_drop(self.proj(self.norm(x)))
 
 
 def _rebuild(bound: tuple) -> "TokenMixAttention":

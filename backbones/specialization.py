@@ -1,7 +1,7 @@
 """CLS/patch specialization (Marouani et al. 2026): [CLS] and patch tokens keep one joint attention but
 use separate parameters in the norm layers and the q/k/v projection of the chosen blocks.
 
-A timm ``block_fn``: same parameter names as timm's ``Block`` plus ``norm1_cls``, ``norm2_cls`` and
+A timm ``block_fn`` (``TokenMixBlock``, so timm's ``Block``): same parameter names as timm's ``Block`` plus ``norm1_cls``, ``norm2_cls`` and
 ``attn.qkv_cls`` where specialised, so a plain ViT state dict still loads into the shared parameters.
 Token 0 is [CLS]; registers (if any) use the patch parameters.
 
@@ -15,7 +15,7 @@ import copy
 from typing import Mapping, Optional, Sequence
 
 import torch
-from timm.models.vision_transformer import Block
+from .block import TokenMixBlock
 
 COMPONENTS = ("norm1", "qkv", "norm2")
 
@@ -41,7 +41,7 @@ def _split(x: torch.Tensor, f_cls, f_patch) -> torch.Tensor:
     return torch.cat([f_cls(x[:, :1]), f_patch(x[:, 1:])], dim=1)
 
 
-class SpecializedBlock(Block):
+class SpecializedBlock(TokenMixBlock):
     def __init__(self, *args, spec_blocks: Sequence[int] = (0, 1, 2, 3), components: Sequence[str] = COMPONENTS,
                  spec_sets: Optional[Mapping[str, Sequence[int]]] = None, depth: int = 0, **kwargs) -> None:
         super().__init__(*args, depth=depth, **kwargs)
@@ -54,9 +54,8 @@ class SpecializedBlock(Block):
         if "qkv" in self.specialized:
             self.attn.qkv_cls = copy.deepcopy(self.attn.qkv)
 
-    def forward(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
-        n1 = self.norm1(x) if self.norm1_cls is None else _split(x, self.norm1_cls, self.norm1)
-        x = x + self.drop_path1(self.ls1(self.attn(n1, attn_mask=attn_mask, is_causal=is_causal)))
-        n2 = self.norm2(x) if self.norm2_cls is None else _split(x, self.norm2_cls, self.norm2)
-        x = x + self.drop_path2(self.ls2(self.mlp(n2)))
-        return x
+    def _norm1(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm1(x) if self.norm1_cls is None else _split(x, self.norm1_cls, self.norm1)
+
+    def _norm2(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm2(x) if self.norm2_cls is None else _split(x, self.norm2_cls, self.norm2)

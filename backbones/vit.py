@@ -24,6 +24,8 @@ from timm.layers import trunc_normal_
 from timm.models.vision_transformer import VisionTransformer
 
 from .attention import attention_layer
+from .block import TokenMixBlock
+from .linear import use_fast_linears
 from .config import ARCHS, SHAPE_FIELDS, BackboneConfig
 from .entmax_fast import DEFAULT_BACKEND
 from .lastvit import FrequencyTopKPooling
@@ -56,14 +58,15 @@ NORMALIZER_KNOBS: dict[Normalizer, tuple[str, ...]] = {Normalizer.ENTMAX_BISECT:
 
 class TokenMixViT(VisionTransformer):
     """``entmax_backend``: kernel of the entmax-1.5/sparsemax attention (auto | cpp | torch, see
-    ``backbones/entmax_fast.py``); a runtime choice, not part of ``config``."""
+    ``backbones/entmax_fast.py``); ``linear_backend``: GEMM of the blocks' linear layers on a CPU (auto | aten |
+    onednn, see ``backbones/linear.py``); runtime choices, not part of ``config``."""
 
     def __init__(self, *, arch: str, variant: str = "softmax", num_registers: int = 4,
                  spec_blocks: Optional[Sequence[int]] = None, spec_components: Sequence[str] = COMPONENTS,
                  spec_norm_blocks: Optional[Sequence[int]] = None, spec_qkv_blocks: Optional[Sequence[int]] = None,
                  lastvit_k: int = 1, lastvit_sigma: Optional[float] = None, alpha: float = 1.5,
                  bisect_iters: int = 50, entmax_backend: str = DEFAULT_BACKEND, lastvit_reference: bool = False,
-                 num_classes: int = 0, **vit_kwargs: Any) -> None:
+                 num_classes: int = 0, linear_backend: str = "auto", **vit_kwargs: Any) -> None:
         spec = parse_variant(variant)
         rule = STRATEGY_RULES[spec.strategy]
         knobs = dict(num_registers=num_registers, lastvit_k=lastvit_k, lastvit_sigma=lastvit_sigma,
@@ -72,8 +75,7 @@ class TokenMixViT(VisionTransformer):
                      spec_blocks=list(range(4)) if spec_blocks is None else [int(b) for b in spec_blocks],
                      spec_norm_blocks=None if spec_norm_blocks is None else sorted(int(b) for b in spec_norm_blocks),
                      spec_qkv_blocks=None if spec_qkv_blocks is None else sorted(int(b) for b in spec_qkv_blocks))
-        if rule.block_fn is not None:
-            vit_kwargs["block_fn"] = rule.block_fn(knobs)
+        vit_kwargs["block_fn"] = TokenMixBlock if rule.block_fn is None else rule.block_fn(knobs)
         vit_kwargs.setdefault("norm_layer", partial(nn.LayerNorm, eps=1e-6))
         attn = attention_layer(normalizer=spec.normalizer, alpha=alpha, bisect_iters=bisect_iters,
                                entmax_backend=entmax_backend)
@@ -92,6 +94,7 @@ class TokenMixViT(VisionTransformer):
         self.num_prefix_tokens = 1 + n_reg
 
         self.aggregator = rule.aggregator(self.embed_dim, knobs) if rule.aggregator is not None else None
+        use_fast_linears(self.blocks, linear_backend)
 
         recorded = rule.knobs + NORMALIZER_KNOBS.get(spec.normalizer, ())
         self.backbone_config = BackboneConfig(arch, spec.name, **self._shape_overrides(arch),
@@ -143,8 +146,17 @@ class TokenMixViT(VisionTransformer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The [CLS] output (B, D) after the final norm (``lastvit``: the aggregated token); with
-        ``num_classes`` > 0 the logits of the linear ``head`` on it."""
-        return self.head(self._split(self.forward_features(x), last=True, votes=False)["cls"])
+        ``num_classes`` > 0 the logits of the linear ``head`` on it.
+
+        Only [CLS] is a query in the last block (``TokenMixBlock.forward_queries``): the other tokens' last-block
+        outputs never reach it. ``lastvit`` aggregates the patch tokens, so it runs the whole last block."""
+        last = self.blocks[-1]
+        if self.aggregator is not None or self.grad_checkpointing or not hasattr(last, "forward_queries"):
+            return self.head(self._split(self.forward_features(x), last=True, votes=False)["cls"])
+        x = self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(x))))
+        for blk in self.blocks[:-1]:
+            x = blk(x)
+        return self.head(self.norm(last.forward_queries(x, 1))[:, 0])
 
     def extract(self, images: torch.Tensor, n_last_blocks: int = 1, blocks: Optional[Sequence[int]] = None,
                 votes: bool = False) -> list[dict[str, torch.Tensor]]:

@@ -11,7 +11,8 @@ from backbones import entmax_fast
 from backbones.entmax_fast import sparse_attention
 from backbones.compile_ops import sparse_attention_op
 
-from test_dino_fast_step import EPOCHS, NITER, STEPS, FixedData, Seeder, make_batches, tiny_module
+from test_dino_fast_step import (EPOCHS, NITER, STEPS, FixedData, Seeder, _split_key_bias, make_batches,
+                                 tiny_module)
 
 pytestmark = pytest.mark.skipif(not entmax_fast.cpp_available(), reason="the C++ entmax kernel did not build")
 
@@ -29,7 +30,8 @@ class GraphCount(Seeder):
 def fit(tmp_path, compile: bool):
     import lightning.pytorch as pl
     torch.manual_seed(0)
-    m = tiny_module(variant="entmax", compile=compile)
+    # compiled graphs call torch's default GEMMs (backbones/linear.py leaves them to the compiler): eager alike
+    m = tiny_module(variant="entmax", compile=compile, backbone={"drop_path_rate": 0.1, "linear_backend": "aten"})
     cb = GraphCount()
     trainer = pl.Trainer(max_epochs=EPOCHS, max_steps=STEPS, accelerator="cpu", logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -67,5 +69,8 @@ def test_compiled_fit_matches_eager_and_compiles_each_shape_once(tmp_path):
     # later steps reuse them, except the student head once when its last layer unfreezes (epoch 1)
     assert got.graphs[0] == 5 and got.graphs[NITER - 1] == 5, got.graphs
     assert got.graphs[-1] - got.graphs[NITER - 1] <= 1, got.graphs
-    for a, b in zip(compiled.student.parameters(), eager.student.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for (n, a), b in zip(compiled.student.named_parameters(), eager.student.parameters()):
+        # the key third of qkv.bias has exact gradient 0: its AdamW steps follow rounding noise (_split_key_bias)
+        a, b, kb, kb_ref = _split_key_bias(n, a, b)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda e: f"{n}: {e}")
+        torch.testing.assert_close(kb, kb_ref, rtol=0, atol=5e-5, msg=lambda e: f"{n} (key part): {e}")

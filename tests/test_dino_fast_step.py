@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from backbones.linear import FastLinear
 from lightning_modules.dino_module import DINOPretrainModule
 from lightning_modules.fast_ops import clip_grad_norms_, ema_
 from helpers.official_dino_utils import (cancel_gradients_last_layer, clip_gradients, cosine_scheduler,
@@ -94,12 +95,28 @@ def reference_run(student, teacher, dino_loss, batches, hp):
     return losses
 
 
+def _split_key_bias(name, a, b):
+    """(a, b) without the key third of a ``qkv.bias``, and that third of each. Its exact gradient is 0 (a
+    constant added to all keys shifts every logit of a row alike, and softmax ignores that), so AdamW moves it
+    by lr * g / (sqrt(v) + eps) of a rounding-noise g: two paths that round differently (fused vs for-loop
+    AdamW, oneDNN vs MKL GEMMs) move it apart by up to ~7e-6 after 5 steps at this lr (seeds 0-3, measured), whatever the model
+    computes. It changes no output; it is held to 1e-5, every other value to 1e-6."""
+    if not name.endswith("attn.qkv.bias"):
+        return a, b, a[:0], b[:0]
+    d = a.shape[0] // 3
+    return torch.cat([a[:d], a[2 * d:]]), torch.cat([b[:d], b[2 * d:]]), a[d:2 * d], b[d:2 * d]
+
+
 # ----------------------------------------------------------------- tests
 @pytest.mark.timeout(600)
 def test_five_optimised_steps_match_the_main_dino_step(tmp_path):
     torch.manual_seed(0)
-    m = tiny_module()
+    # the module's blocks on oneDNN's GEMM (backbones/linear.py), the reference on torch's default (MKL)
+    m = tiny_module(backbone={"drop_path_rate": 0.1, "linear_backend": "onednn"})
     ref_student, ref_teacher, ref_loss = (copy.deepcopy(x) for x in (m.student, m.teacher, m.dino_loss))
+    for layer in [*ref_student.modules(), *ref_teacher.modules()]:
+        if isinstance(layer, FastLinear):
+            layer.backend = "aten"
     start = {"head.last_layer.weight_v": m.student.head.last_layer.weight_v.detach().clone(),
              "backbone.patch_embed.proj.weight": m.student.backbone.patch_embed.proj.weight.detach().clone(),
              "teacher backbone.patch_embed.proj.weight": m.teacher.backbone.patch_embed.proj.weight.detach().clone()}
@@ -118,10 +135,11 @@ def test_five_optimised_steps_match_the_main_dino_step(tmp_path):
 
     ref_losses = reference_run(ref_student, ref_teacher, ref_loss, batches, m.hparams)
     np.testing.assert_allclose(seeder.losses, ref_losses, rtol=0, atol=1e-6)
-    for (n, a), b in zip(m.student.named_parameters(), ref_student.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=lambda e: f"student {n}: {e}")
-    for (n, a), b in zip(m.teacher.named_parameters(), ref_teacher.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=lambda e: f"teacher {n}: {e}")
+    for who, ours, ref in (("student", m.student, ref_student), ("teacher", m.teacher, ref_teacher)):
+        for (n, a), b in zip(ours.named_parameters(), ref.parameters()):
+            a, b, kb, kb_ref = _split_key_bias(n, a, b)
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=lambda e: f"{who} {n}: {e}")
+            torch.testing.assert_close(kb, kb_ref, rtol=0, atol=1e-5, msg=lambda e: f"{who} {n} (key part): {e}")
     torch.testing.assert_close(m.dino_loss.center, ref_loss.center, rtol=1e-6, atol=1e-6)
     # the run really trained: the last layer moved once unfrozen, the backbone and the teacher moved
     for name, p in [("head.last_layer.weight_v", m.student.head.last_layer.weight_v),
@@ -158,9 +176,11 @@ def test_multi_tensor_clip_and_ema_match_the_per_parameter_loops():
     assert torch.equal(params[2].grad, ref[2])  # below the threshold: untouched, bit for bit
     teacher = [torch.randn_like(p) for p in params]
     want = [t.clone().mul_(0.99).add_((1 - 0.99) * p.detach()) for t, p in zip(teacher, params)]
-    ema_(teacher, [p.detach() for p in params], 0.99)
-    for t, w in zip(teacher, want):
-        torch.testing.assert_close(t, w, rtol=1e-6, atol=1e-7)
+    for multi_tensor in (True, False, None):  # the GPU form, the CPU form, and the one chosen here
+        got = [t.clone() for t in teacher]
+        ema_(got, [p.detach() for p in params], 0.99, multi_tensor=multi_tensor)
+        for t, w in zip(got, want):
+            assert torch.equal(t, w), multi_tensor  # the official rounding, bit for bit
 
 
 def test_fp16_grad_scaler_gets_a_foreach_adamw_so_clipping_sees_unscaled_gradients():

@@ -1,0 +1,68 @@
+"""The tokenmix transformer block: timm's ``Block`` (same parameters, same maths) with two ways to do less work.
+
+- ``forward_queries(x, n)``: only the first ``n`` tokens of the output. Every token is still a key and value,
+  but only the first ``n`` are queries, so the q projection, attention rows, output projection and MLP of the
+  other tokens are skipped. A ViT whose output is its [CLS] token runs its last block this way
+  (``TokenMixViT.forward``): about 6 % of a ViT-S/16 forward and backward at 224 px.
+- stochastic depth (``drop_path``) on a CPU in training: the residual branch runs only on the samples it keeps.
+  The keep mask is drawn exactly as timm's ``DropPath`` draws it (one ``bernoulli_`` on a (B, 1, ...) tensor,
+  so the RNG stream is unchanged; with dropout inside a branch its draws come after the mask's instead of
+  before), and kept samples get ``branch * mask`` as there; a dropped sample's branch
+  was multiplied by 0, so skipping it changes nothing. Not on a GPU (the kept rows would need a host
+  synchronisation) nor while ``torch.compile`` traces (a data-dependent shape): timm's path there.
+
+Both are the same maths as ``Block.forward``: the kept rows go through the same ops, so results agree to
+rounding (``tests/test_backbone.py`` compares outputs and every gradient). ``SpecializedBlock`` builds on it.
+
+    >>> import torch
+    >>> blk = TokenMixBlock(16, num_heads=2).eval()
+    >>> x = torch.randn(2, 5, 16)
+    >>> torch.allclose(blk.forward_queries(x, 1), blk(x)[:, :1], atol=1e-6)
+    True
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from timm.layers import DropPath
+from timm.models.vision_transformer import Block
+
+
+class TokenMixBlock(Block):
+    def _norm1(self, x: torch.Tensor) -> torch.Tensor:  # SpecializedBlock: [CLS] and patches apart
+        return self.norm1(x)
+
+    def _norm2(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm2(x)
+
+    def _attn(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
+        return self.ls1(self.attn(self._norm1(x), attn_mask=attn_mask, is_causal=is_causal))
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ls2(self.mlp(self._norm2(x)))
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                is_causal: bool = False) -> torch.Tensor:
+        x = _residual(x, x, lambda t: self._attn(t, attn_mask, is_causal), self.drop_path1)
+        return _residual(x, x, self._mlp, self.drop_path2)
+
+    def forward_queries(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """``self(x)[:, :n]`` with only the first ``n`` tokens as queries (no mask: a ViT's last block)."""
+        y = _residual(x[:, :n], x, lambda t: self.ls1(self.attn.forward_queries(self._norm1(t), n)), self.drop_path1)
+        return _residual(y, y, self._mlp, self.drop_path2)
+
+
+def _residual(base: torch.Tensor, x: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tensor], drop_path):
+    """``base + drop_path(branch(x))``; on a CPU in training the branch runs on the kept samples only."""
+    p = drop_path.drop_prob if isinstance(drop_path, DropPath) and drop_path.training else 0.0
+    if not (p > 0 and x.device.type == "cpu") or torch.compiler.is_compiling():
+        return base + drop_path(branch(x))
+    keep = 1 - p
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)  # timm's draw, same RNG use
+    if keep > 0 and drop_path.scale_by_keep:
+        mask.div_(keep)
+    kept = mask.view(-1).nonzero().view(-1)
+    if kept.numel() in (0, x.shape[0]):  # none kept: the branch still runs, so every parameter gets a gradient
+        return base + branch(x) * mask
+    return base.index_add(0, kept, branch(x.index_select(0, kept)) * mask.index_select(0, kept))
