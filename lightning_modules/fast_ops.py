@@ -51,9 +51,21 @@ def clip_grad_norms_(params: Iterable[torch.Tensor], clip: float) -> Optional[to
 
 
 @torch.no_grad()
-def ema_(teacher: list[torch.Tensor], student: list[torch.Tensor], m: float) -> None:
+def ema_(teacher: list[torch.Tensor], student: list[torch.Tensor], m: float,
+         multi_tensor: Optional[bool] = None) -> None:
     """``teacher = m * teacher + (1 - m) * student`` for every pair at once, rounded as the official
     ``mul_(m).add_((1 - m) * student)`` (``add_(student, alpha=1 - m)`` fuses the multiply-add and rounds
-    differently: a few ulps per step, which the teacher's temperature turns into 1e-6-scale loss changes)."""
+    differently: a few ulps per step, which the teacher's temperature turns into 1e-6-scale loss changes).
+
+    On a GPU as two multi-tensor kernels. On a CPU per parameter, as upstream: the multi-tensor form allocates
+    every ``(1 - m) * student`` at once (all the parameters' size: page faults on fresh memory each step) and
+    took 2.6x the loop's time on the DINO ViT-S (60 vs 23 ms), while a loop reuses one freed block.
+    ``multi_tensor``: force one form (None: by device)."""
+    if multi_tensor is None:
+        multi_tensor = bool(teacher) and teacher[0].device.type != "cpu"
+    if not multi_tensor:
+        for t, s in zip(teacher, student):
+            t.mul_(m).add_((1 - m) * s)
+        return
     torch._foreach_mul_(teacher, m)
     torch._foreach_add_(teacher, torch._foreach_mul(student, 1 - m))

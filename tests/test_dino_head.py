@@ -37,6 +37,14 @@ def test_official_weights_load_and_give_the_same_output():
     x = torch.randn(7, 24)
     assert torch.allclose(head(x), ref(x), atol=1e-6)
     assert set(head.state_dict()) == set(sd)
+    # the weight-normalised last layer is torch's weight_norm bit for bit, forward and backward
+    z = torch.randn(7, 16)
+    ours, theirs = head.last_layer(z), ref.last_layer(z)
+    assert torch.equal(ours, theirs) and torch.equal(head.last_layer.weight, ref.last_layer.weight)
+    ours.square().sum().backward()
+    theirs.square().sum().backward()
+    for name in ("weight_g", "weight_v"):
+        assert torch.equal(getattr(head.last_layer, name).grad, getattr(ref.last_layer, name).grad), name
 
 
 def test_forward_equals_hand_computation_and_init():
