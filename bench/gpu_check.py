@@ -5,7 +5,9 @@
     memory for softmax (SDPA), entmax-1.5 with the Triton kernel, with the PyTorch fallback (matmuls under
     autocast, normaliser in fp32) and with ``entmax.entmax15``;
 (c) 30 training steps of the DINO paper preset (configs/pretrain/paper.yaml: ViT-S/16, 2 x 224 + 8 x 96 px
-    crops, fp16 mixed precision) at batch 64 on one GPU, softmax vs entmax: images/s and peak memory.
+    crops, fp16 mixed precision) at batch 64 on one GPU, softmax vs entmax: images/s and peak memory;
+(d) issue 18's DINO step rows (``bench.dino_step`` on the GPU: fp32, batch 8, the main_dino.py step vs
+    DINOPretrainModule eager and compiled, softmax and entmax): images/s and the ratio to the plain step.
 Prints one table and writes bench/gpu_results.json. Without a CUDA GPU: prints "no CUDA GPU: skipped", exit 0.
 Targets (issue 16): entmax step <= 1.15 x softmax step, memory <= 1.10 x. ``--smoke`` runs every part on
 CPU with tiny shapes (checks the script itself; with TRITON_INTERPRET=1 the kernel rows run in Triton's
@@ -27,8 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "gpu_results.json"
 TARGET = {"time": 1.15, "memory": 1.10}
 FULL = dict(archs=("vit_small_patch16", "vit_small_patch8"), img=224, batch=64, repeats=10, steps=30,
-            check_n=(37, 197, 785), check_bh=(2, 6), dtypes=("float16", "bfloat16"))
-SMOKE = dict(archs=("vit_test_patch8",), img=32, batch=2, repeats=2, steps=3, check_n=(37, 197), check_bh=(1, 2),
+            step_rounds=10, check_n=(37, 197, 785), check_bh=(2, 6), dtypes=("float16", "bfloat16"))
+SMOKE = dict(archs=("vit_test_patch8",), img=32, batch=2, repeats=2, steps=3, step_rounds=2, check_n=(37, 197),
+             check_bh=(1, 2),
              dtypes=("bfloat16",))
 TOL = {"float32": 1e-4, "float16": 3e-3, "bfloat16": 2.5e-2}  # fp32 absolute; 16-bit relative to the max
 
@@ -210,6 +213,16 @@ def dino_rows(dev: torch.device, cfg: dict, smoke: bool) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------------------ (d) the DINO step, issue 18
+def dino_step_rows(dev: torch.device, cfg: dict, smoke: bool) -> list[dict]:
+    """``bench.dino_step`` on this device (the issue's configuration; ``--smoke``: its quick one). Wall time only:
+    the process CPU time of a GPU step says little."""
+    from bench import dino_step
+    r = dino_step.run(quick=smoke, rounds=cfg["step_rounds"], device=str(dev))
+    return [{"part": "d", "variant": row["name"], "images_per_s": row["value"] and round(row["value"], 2),
+             "x_plain": round(row["ratio"], 3)} for row in r["rows"] if "[CPU time]" not in row["name"]]
+
+
 # ------------------------------------------------------------------------------------------ report
 def add_ratios(rows: list[dict]) -> None:
     """Time and memory of each (b)/(c) row relative to softmax in the same setting, and the targets."""
@@ -236,6 +249,10 @@ def format_table(rows: list[dict]) -> str:
                 " (max abs err out/dq/dk/dv " + " / ".join(f"{e:.1e}" for e in r["max_abs_err"]) + ")"
             lines.append(f"| a | {setting} | Triton kernel | {result} | |")
             continue
+        if r["part"] == "d":
+            result = f"{r['images_per_s']} img/s" if r["images_per_s"] else ""
+            lines.append(f"| d | DINO step, fp32 | {r['variant']} | {result} | {r['x_plain']} x plain (speed) |")
+            continue
         setting = (f"{r['arch']} {r['dtype']}" if r["part"] == "b" else
                    f"DINO paper preset, {r.get('attention', '')}")
         if "skipped" in r:
@@ -261,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device("cpu" if args.smoke else "cuda")
     cfg = SMOKE if args.smoke else FULL
     t0 = time.perf_counter()
-    rows = kernel_check(dev, cfg["check_n"], cfg["check_bh"]) + vit_rows(dev, cfg) + dino_rows(dev, cfg, args.smoke)
+    rows = (kernel_check(dev, cfg["check_n"], cfg["check_bh"]) + vit_rows(dev, cfg) + dino_rows(dev, cfg, args.smoke)
+            + dino_step_rows(dev, cfg, args.smoke))
     add_ratios(rows)
     result = {"machine": machine_description(dev), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "smoke": args.smoke, "targets": TARGET, "rows": rows, "wall_s": round(time.perf_counter() - t0, 1)}

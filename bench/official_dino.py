@@ -36,7 +36,7 @@ from types import SimpleNamespace
 import lightning.pytorch as pl
 import torch
 
-from bench.dino_step import FULL, LightningStep, interleave
+from bench.dino_step import FULL, LightningStep, first_step, interleave, make_batch
 
 DEFAULTS = dict(FULL, rounds=10)
 
@@ -126,20 +126,6 @@ def one_process_world(main_dino) -> None:
     main_dino.dist = SimpleNamespace(all_reduce=lambda t, *a, **k: None, get_world_size=lambda: 1)
 
 
-@contextlib.contextmanager
-def no_drop_path(*models):
-    """Drop-path off (both codes keep the rate in ``drop_prob``), restored after."""
-    mods = [m for model in models for m in model.modules() if hasattr(m, "drop_prob")]
-    saved = [m.drop_prob for m in mods]
-    for m in mods:
-        m.drop_prob = 0.0
-    try:
-        yield
-    finally:
-        for m, p in zip(mods, saved):
-            m.drop_prob = p
-
-
 def build_paths(a, s: dict, official) -> dict:
     steps = s["warmup"] + s["rounds"]  # exactly the calls made: the fits end after the last
     paths = {}
@@ -149,22 +135,8 @@ def build_paths(a, s: dict, official) -> dict:
             paths[f"project compiled {v}"] = LightningStep(s, v, True, steps)
     batch = paths[f"project {a.variants[0]}"].module  # same initial student for every variant
     off = OfficialStep(official, s, batch.student, steps)
-    from bench.dino_step import make_batch
     off.batch = make_batch(s)
     return {"official softmax": off, **paths}
-
-
-def first_step(paths: dict) -> dict:
-    """Step 1 of every eager path with drop-path off: -> losses."""
-    losses = {}
-    for name, step in paths.items():
-        if "compiled" in name:  # not compared; switching drop-path off and on would compile twice
-            step()
-            continue
-        model = step.student if isinstance(step, OfficialStep) else step.module.student
-        with no_drop_path(model):
-            losses[name] = step()
-    return losses
 
 
 def _progress(name: str, step):
@@ -201,10 +173,13 @@ def main(argv=None) -> int:
                    help="also the project with compile=True (for these variants; none listed: all)")
     p.add_argument("--profile", action="store_true", help="one profiled step per path instead of timing")
     p.add_argument("--loss-tol", type=float, default=1e-5, help="step-1 loss agreement (relative)")
+    p.add_argument("--linear-backend", default="auto", choices=("auto", "aten", "onednn"),
+                   help="GEMM of the project backbone's linear layers (backbones/linear.py)")
     p.add_argument("--json", default="", help="write the result here")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    s = dict(DEFAULTS, batch=a.batch, rounds=a.rounds, compile=a.compiled is not None)
+    s = dict(DEFAULTS, batch=a.batch, rounds=a.rounds, compile=a.compiled is not None,
+             linear_backend=a.linear_backend)
     official = import_official(a.official_repo)
     one_process_world(official[0])
     pl.seed_everything(0, verbose=False)

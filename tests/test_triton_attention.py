@@ -9,6 +9,7 @@ this file in a fresh process with TRITON_INTERPRET=1, so no other test's Triton 
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -243,3 +244,25 @@ def test_gpu_check_skips_cleanly_without_a_gpu(tmp_path):
                                "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])})
     assert proc.returncode == 0 and proc.stdout.strip() == "no CUDA GPU: skipped", proc.stdout + proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.timeout(400)
+def test_gpu_check_smoke_runs_every_part_on_cpu(tmp_path):
+    """`make gpu-check ARGS=--smoke`: every part of the GPU script on CPU with tiny shapes, so that a session
+    with a GPU lent does not find it broken. Part (d) (`bench.dino_step`) fails unless the plain main_dino.py
+    step and the module's step give the same step-1 loss."""
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "r.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # (a) is skipped: no kernel on CPU
+    env["PYTHONPATH"] = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--smoke", "--out", str(out)], cwd=root,
+                          capture_output=True, text=True, timeout=380, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["part"] for r in rows} == {"a", "b", "c", "d"}
+    steps = {r["variant"].split(" (")[0]: r for r in rows if r["part"] == "d"}
+    assert set(steps) == {f"{p} {v}" for p in ("plain", "optimised") for v in ("softmax", "entmax")} | \
+        {"optimised entmax vs plain softmax"}
+    assert all(r["images_per_s"] > 0 for name, r in steps.items() if "vs" not in name)
+    assert all(r["x_plain"] > 0 for r in steps.values())
+    assert "| d | DINO step, fp32 | plain softmax" in proc.stdout
