@@ -1,8 +1,9 @@
 """CLS/patch specialization (Marouani et al. 2026): [CLS] and patch tokens keep one joint attention but
 use separate parameters in the norm layers and the q/k/v projection of the chosen blocks.
 
-A timm ``block_fn`` (``TokenMixBlock``, so timm's ``Block``): same parameter names as timm's ``Block`` plus ``norm1_cls``, ``norm2_cls`` and
-``attn.qkv_cls`` where specialised, so a plain ViT state dict still loads into the shared parameters.
+A timm ``block_fn`` (a ``TokenMixBlock``, i.e. timm's ``Block``): same parameter names as timm's ``Block``
+plus ``norm1_cls``, ``norm2_cls`` and ``attn.qkv_cls`` where specialised, so a plain ViT state dict still loads
+into the shared parameters.
 Token 0 is [CLS]; registers (if any) use the patch parameters.
 
 The norms and the q/k/v projection may be specialised in different blocks (``specialization_sets``), e.g. the
