@@ -67,7 +67,7 @@ def test_forward_equals_the_plain_blocks_in_float64(variant, train):
 
 
 def _rows_seen(model, images) -> dict[str, list[int]]:
-    """(samples, tokens) each block's fc1 received, and the attention output projection of the last block."""
+    """The (samples, tokens) each block's MLP fc1 received in one forward."""
     seen: dict[str, list] = {}
     hooks = [blk.mlp.fc1.register_forward_hook(lambda m, i, o, b=b: seen.setdefault(f"fc1.{b}", []).append(
         tuple(i[0].shape[:2]))) for b, blk in enumerate(model.blocks)]
