@@ -1,4 +1,5 @@
-"""Whole-model DINO update steps in a few multi-tensor kernels instead of one small kernel per parameter.
+"""Whole-model DINO update steps in a few multi-tensor kernels instead of one small kernel per parameter (on a GPU;
+on a CPU the EMA stays a per-parameter loop, which is faster there, see ``ema_``).
 
 Same maths as facebookresearch/dino ``utils.clip_gradients`` and the ``train_one_epoch`` teacher EMA (the
 per-parameter loops live on in ``schedules.clip_gradients`` as the reference); nothing here reads a value back
@@ -53,7 +54,7 @@ def clip_grad_norms_(params: Iterable[torch.Tensor], clip: float) -> Optional[to
 @torch.no_grad()
 def ema_(teacher: list[torch.Tensor], student: list[torch.Tensor], m: float,
          multi_tensor: Optional[bool] = None) -> None:
-    """``teacher = m * teacher + (1 - m) * student`` for every pair at once, rounded as the official
+    """``teacher = m * teacher + (1 - m) * student`` for every pair, rounded as the official
     ``mul_(m).add_((1 - m) * student)`` (``add_(student, alpha=1 - m)`` fuses the multiply-add and rounds
     differently: a few ulps per step, which the teacher's temperature turns into 1e-6-scale loss changes).
 
