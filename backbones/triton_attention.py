@@ -7,23 +7,28 @@ out = sparse_attention(q, k, v, scale, kind="entmax15")   # q (..., N, d), k (..
 
 Same values and gradients as ``entmax.entmax15`` / ``entmax.sparsemax`` on the unfused scores, and as the
 CPU ``backbones.entmax_fast.sparse_attention``. Inputs fp16/bf16/fp32; products accumulate in fp32, the
-threshold is fp32; the output has the input's dtype (the CPU op returns fp32 for 16-bit inputs).
+threshold is fp32; the output has the input's dtype (the CPU op returns fp32 for 16-bit inputs). fp32 uses
+tf32 tensor cores when torch's float32 matmul precision allows them (as SDPA does), else exact fp32 products.
 
-Structure (FlashAttention-2's tiling; AdaSplash's idea of a per-row threshold search over key blocks):
-- forward, one program per (query block, batch*head):
-  1. row max m over the key blocks, then z = (s - m)/2 (entmax-1.5) or s - m (sparsemax), tau in [-1, 0);
-  2. Newton steps from tau = -1 on ||(z - t)_+|| - 1 (sparsemax: sum - 1), never overshooting, each one pass of
-     block-wise sums (count, sum, sum of squares) over the keys; every pass also tests the previous pass's
-     closed-form root on its support {z > t} (consistent with it = exact, as in entmax_fast), so a row
-     stops one pass after its support settles. No fixed iteration count, no approximate tau;
-  3. a last pass accumulates O = sum p v and, for the backward, Og = sum g v / sum g (g = dp/dz); key tiles
-     where p = 0 in every row skip their products (the backward kernels too): sparsity saves work.
-  For M <= 256 (ViT-S/16: 197 tokens, DINO's local crops: 37) one key block holds the whole row: the scores
-  stay in registers and every pass after the first matmul is register arithmetic.
-- backward, recomputing p from q, k, m, tau (FlashAttention): ds = g * (dp - delta) * scale with
-  dp = dO v^T and delta = sum(g dp)/sum(g) = rowsum(dO * Og); g = sqrt(p) for entmax-1.5, [p > 0] for
-  sparsemax. One kernel per key block for dK, dV, one per query block for dQ (no atomics).
-Saved for the backward: q, k, v, Og and 2 floats per query row (m, tau), like SDPA's q, k, v, O, lse.
+Kernels (``backbones/triton_kernels.py``; block sizes in ``_blocks``, measured for sm_90, docs/performance.md):
+- forward, one program per (64 query rows, batch*head), 4 warps each owning 16 whole rows (reductions stay in
+  the warp; products are wgmma). Up to 256 keys (ViT-S/16: 197, +4 registers: 201; DINO's local crops: 37) the
+  row's scores stay in registers: q k^T once, then register arithmetic only. Longer rows recompute q k^T per
+  pass, block by block.
+  1. row max; z = (s - max)/2 (entmax-1.5) or s - max (sparsemax): tau lies in [-1, 0) as p <= 1;
+  2. tau from t = -1: each pass sums |S|, sum d, sum d^2 and min d over S = {z > t}, d = z - t, and solves the
+     closed form on S (the quadratic sum (d - u)^2 = 1; sparsemax: sum (d - u) = 1); the root is tau exactly
+     when 0 <= u < min d (S is then its support). Otherwise the next pass starts from that root, which lies
+     on the other side of tau (entmax-1.5) or below it (sparsemax, Michelot's step). No fixed iteration
+     count, no approximate tau; ``threshold_passes`` reports the passes per row;
+  3. O = sum p v, written as (B, N, H, dv) (the layer's transpose back is free); only when a gradient is
+     needed also Og = sum g v / sum g (g = dp/dz up to a row constant) for the backward's delta.
+- backward (recomputes p from q, k and the saved (zmax, tau), FlashAttention-style): ds = g (dp - delta),
+  dp = dO v^T, delta = sum(g dp)/sum(g) = rowsum(dO * Og). One kernel per key block for dK, dV, one per
+  query block for dQ (no atomics). Key tiles where p = 0 in every row skip their products.
+q, k, v and dO are read through their strides (slices of the layer's fused qkv: no copies). The ops are
+``torch.library`` custom ops (``tokenmix::triton_sparse_attention`` and ``..._bwd``) with fake kernels, so
+FakeTensorMode and ``torch.compile`` see one opaque op each.
 
 On CPU tensors the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` set before Triton is
 first imported): that is how the tests check them without a GPU. Under the interpreter bf16 products are
@@ -31,24 +36,25 @@ computed from operands widened to fp32 (same values; the interpreter's own bf16 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
+from torch import Tensor
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # no Triton: available() is False and the model uses the PyTorch path
-    triton = None
+from . import triton_kernels as tk
 
-__all__ = ["sparse_attention", "available", "interpreted"]
+triton = tk.triton
+__all__ = ["sparse_attention", "available", "interpreted", "launch_plan", "KernelLaunch", "threshold_passes"]
 
-_MAX_SWEEPS = 64  # a row not settled by then (never seen) keeps the closed-form root on its last support
+_MAX_PASSES = 64  # a row not settled by then (never seen) keeps the closed-form root on its last support
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_SINGLE_MAX = 256  # keys up to this count (fp16/bf16; fp32: 128): one register block per row
+_SINGLE_MAX = 256  # keys up to this count: the whole row in one register tile (q k^T once)
+_TYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 def interpreted() -> bool:
     """True when the kernels were built for Triton's CPU interpreter (TRITON_INTERPRET=1 at import)."""
-    return triton is not None and type(_fwd_kernel).__name__ == "InterpretedFunction"
+    return triton is not None and type(tk._fwd_kernel).__name__ == "InterpretedFunction"
 
 
 def available(x: torch.Tensor) -> bool:
@@ -60,304 +66,228 @@ def _device_ok(x: torch.Tensor) -> bool:
     return triton is not None and (x.is_cuda or (interpreted() and x.device.type == "cpu"))
 
 
-if triton is not None:
+# ------------------------------------------------------------------------------------------ launch plan
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One kernel launch as the launcher makes it (``bench.kernel_report`` compiles these for sm_90)."""
+    name: str                    # "fwd", "bwd_dkdv", "bwd_dq"
+    fn: object                   # the triton.JITFunction
+    signature: dict[str, str]    # triton.compiler.ASTSource signature: arg -> "*bf16" / "i32" / "fp32" / "constexpr"
+    constexprs: dict[str, object]
+    num_warps: int
+    num_stages: int
+    programs: int                # grid size for these sizes
+    scalars: dict[str, int] = field(default_factory=dict)  # integer args for a ViT's layout (strides of q/k/v
+    # slices of the fused qkv tensor, O as (B, N, H, dv)): give tt.divisibility=16 to those divisible by 16,
+    # as Triton's launcher specialises them (without it the strided loads do not vectorise)
 
-    @triton.jit
-    def _dot(a, b, PREC: tl.constexpr):
-        """a @ b, fp32 accumulation. PREC "upcast": in fp32 from bf16 operands (same products; the interpreter's
-        bf16 dot is wrong), "ieee": exact fp32 (no TF32 for fp32 inputs), "tf32": the 16-bit tensor-core dot."""
-        if PREC == "upcast":
-            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-        return tl.dot(a, b, input_precision=PREC)
 
-    @triton.jit
-    def _z_block(q, K, kv_off, start, m, scale, M, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr):
-        """Scores s = (q k^T) * scale of one key block, z = (s - m)/2 or s - m; keys past M get -inf."""
-        offs_n = start + tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        k = tl.load(K + kv_off + offs_n[:, None] * D + offs_d[None, :],
-                    mask=(offs_n[:, None] < M) & (offs_d[None, :] < D), other=0.0)
-        s = _dot(q, tl.trans(k), PREC) * scale
-        s = tl.where(offs_n[None, :] < M, s, float("-inf"))
-        z = s - m[:, None]
-        if ENTMAX:
-            z = z * 0.5
-        return z
+def _tf32_allowed() -> bool:
+    try:
+        return torch.get_float32_matmul_precision() != "highest"
+    except RuntimeError:  # the per-backend API (torch.backends.cuda.matmul.fp32_precision) was used
+        return torch.backends.cuda.matmul.fp32_precision == "tf32"
 
-    @triton.jit
-    def _sums(z, t, c):
-        """Per row: support size, sum and sum of squares of d = (z - t)_+, and #{z > c}."""
-        d = tl.maximum(z - t[:, None], 0.0)
-        return (tl.sum((d > 0).to(tl.float32), 1), tl.sum(d, 1), tl.sum(d * d, 1),
-                tl.sum((z > c[:, None]).to(tl.float32), 1))
 
-    @triton.jit
-    def _p_g(z, tau, ENTMAX: tl.constexpr):
-        """Probabilities p and g = dp/dz / (dp/dz scale): sqrt(p) for entmax-1.5, [p > 0] for sparsemax."""
-        d = tl.maximum(z - tau[:, None], 0.0)
-        if ENTMAX:
-            return d * d, d
-        return d, (d > 0).to(tl.float32)
+def _prec(dtype: torch.dtype) -> str:
+    """tl.dot precision: 16-bit tensor cores for fp16/bf16 ("upcast" in the interpreter, whose bf16 dot is
+    wrong); fp32 uses tf32 tensor cores when torch allows them for fp32 matmuls (as SDPA does), else exact."""
+    if dtype == torch.float32:
+        return "tf32" if _tf32_allowed() else "ieee"
+    return "upcast" if dtype == torch.bfloat16 and interpreted() else "tf32"
 
-    @triton.jit
-    def _row_max(q, K, k_off, zero, scale, M, D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                 ENTMAX: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr):
-        """Step 1: row max m of the scores and, with one key block (SINGLE), that block's z kept in registers
-        (z's max is then 0 and tau lies in [-1, 0)); without, z is recomputed per pass and ``m`` stands in."""
-        if SINGLE:
-            z0 = _z_block(q, K, k_off, 0, zero, scale, M, D, BLOCK_N, BLOCK_D, False, PREC)
-            m = tl.max(z0, 1)
-            z0 = z0 - m[:, None]
-            if ENTMAX:
-                z0 = z0 * 0.5
+
+def _blocks(m: int, dtype: torch.dtype, prec: str, need_grad: bool) -> dict:
+    """Block sizes and warps, each choice measured by compiling for sm_90 (registers, spills, wgmma:
+    docs/performance.md, "Triton kernel design"). 64 query rows per warpgroup of 4 warps: each warp owns 16
+    whole rows, so the threshold's row reductions stay in the warp, and the products are wgmma."""
+    p2 = max(16, triton.next_power_of_2(m))
+    if prec == "ieee":  # exact fp32 on CUDA cores: 16-row blocks, or it spills (one tile: inference only)
+        single = m <= 64 and not need_grad
+        return dict(single=single, block_m=16, block_n=p2 if single else 32, fwd_warps=4, bwd_m=16, bwd_n=32,
+                    bwd_warps=4)
+    if dtype == torch.float32:  # tf32: fp32 operands take twice the registers of 16-bit ones
+        single = m <= 64
+        return dict(single=single, block_m=64, block_n=p2 if single else 64, fwd_warps=4, bwd_m=64, bwd_n=64,
+                    bwd_warps=8)
+    # fp16 with a 256-key tile spilled 312-336 B (inference and training, 4 and 8 warps; bf16: none): block-wise
+    single = m <= (_SINGLE_MAX if dtype == torch.bfloat16 else min(_SINGLE_MAX, 128))
+    return dict(single=single, block_m=64, block_n=p2 if single else 64, fwd_warps=4, bwd_m=64, bwd_n=64,
+                bwd_warps=4)
+
+
+def _plan(n: int, m: int, dtype: torch.dtype, d: int, dv: int, bh: int, entmax: bool, need_grad: bool,
+          count: bool = False):
+    """(name, kernel, grid, constexprs, launch options) of every launch: the one block-size choice, used by
+    the launcher and by :func:`launch_plan`."""
+    prec = _prec(dtype)
+    cfg = _blocks(m, dtype, prec, need_grad)
+    meta = dict(D=d, DV=dv, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
+                ENTMAX=entmax, PREC=prec)
+    cdiv = triton.cdiv
+    plan = [("fwd", tk._fwd_kernel, (cdiv(n, cfg["block_m"]), bh),
+             dict(meta, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], SINGLE=cfg["single"], NEED_OG=need_grad,
+                  COUNT=count, MAX_PASSES=_MAX_PASSES, FUSED=not interpreted(), OG_N=min(cfg["block_n"], 128)),
+             dict(num_warps=cfg["fwd_warps"], num_stages=1))]
+    if need_grad:
+        bwd = dict(meta, BLOCK_M=cfg["bwd_m"], BLOCK_N=cfg["bwd_n"])
+        opts = dict(num_warps=cfg["bwd_warps"], num_stages=1)
+        plan += [("bwd_dkdv", tk._bwd_kv_kernel, (cdiv(m, cfg["bwd_n"]), bh), bwd, opts),
+                 ("bwd_dq", tk._bwd_q_kernel, (cdiv(n, cfg["bwd_m"]), bh), bwd, opts)]
+    return plan
+
+
+_FP32_ARGS = {"STATS": "fp32", "PASSES": "i32"}  # pointers of a fixed type; the others have the input dtype
+
+
+def _signature(fn, dtype: torch.dtype, constexprs: dict) -> dict[str, str]:
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name == "scale":
+            sig[name] = "fp32"
+        elif name in ("N", "M") or name[0].islower():  # sizes and strides; tensors are upper case
+            sig[name] = "i32"
         else:
-            m = zero + float("-inf")
-            for start in range(0, M, BLOCK_N):
-                m = tl.maximum(m, tl.max(_z_block(q, K, k_off, start, zero, scale, M, D, BLOCK_N, BLOCK_D,
-                                                  False, PREC), 1))
-            z0 = m
-        return m, z0
-
-    @triton.jit
-    def _pass_sums(z0, q, K, k_off, m, t, c, zero, scale, M, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr):
-        """One pass over the keys: ``_sums`` of every key block added up."""
-        if SINGLE:
-            k_t, s1, s2, n_c = _sums(z0, t, c)
-        else:
-            k_t, s1, s2, n_c = zero, zero, zero, zero
-            for start in range(0, M, BLOCK_N):
-                z = _z_block(q, K, k_off, start, m, scale, M, D, BLOCK_N, BLOCK_D, ENTMAX, PREC)
-                a, b, e, f = _sums(z, t, c)
-                k_t, s1, s2, n_c = k_t + a, s1 + b, s2 + e, n_c + f
-        return k_t, s1, s2, n_c
-
-    @triton.jit
-    def _newton(k_t, s1, s2, ENTMAX: tl.constexpr):
-        """(u, step): the closed-form root offset on the current support and the Newton step from below."""
-        if ENTMAX:
-            norm = tl.sqrt(s2)
-            step = (s2 - norm) / s1
-            mean = s1 / k_t
-            u = mean - tl.sqrt(tl.maximum((1.0 - (s2 - s1 * mean)) / k_t, 0.0))
-        else:
-            u = (s1 - 1.0) / k_t
-            step = u
-        return u, step
-
-    @triton.jit
-    def _threshold(z0, q, K, k_off, m, zero, scale, M, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr,
-                   MAX_SWEEPS: tl.constexpr, PREC: tl.constexpr):
-        """Step 2: tau per row; Newton from below + closed-form root on the support, tested one pass later."""
-        t = zero - 1.0
-        c = t            # candidate root from the previous pass
-        c_sup = zero     # support size it was computed on (-1: none to test)
-        c_ok = zero > 1  # candidate >= its t (a root on that support can be accepted)
-        tau = zero
-        done = zero > 1
-        sweep = tl.full([], 0, tl.int32)  # loop-carried: Triton values, not Python ints
-        left = tl.full([], BLOCK_M, tl.int32)
-        while left > 0:
-            k_t, s1, s2, n_c = _pass_sums(z0, q, K, k_off, m, t, c, zero, scale, M, D, BLOCK_N, BLOCK_D, ENTMAX,
-                                          SINGLE, PREC)
-            hit = ~done & c_ok & (n_c == c_sup)  # {z > c} == {z > t_prev}: c is the exact root
-            tau = tl.where(hit, c, tau)
-            done = done | hit
-            u, step = _newton(k_t, s1, s2, ENTMAX)
-            sweep += 1
-            # no progress left in floating point, or out of sweeps: the root on the current support
-            fin = ~done & (~(step > 0) | (sweep >= MAX_SWEEPS))
-            tau = tl.where(fin, t + u, tau)
-            done = done | fin
-            c, c_sup, c_ok = t + u, k_t, u >= 0
-            t = t + step
-            left = tl.sum((~done).to(tl.int32), 0)
-        return tau
-
-    @triton.jit
-    def _weighted_values(z0, q, K, V, k_off, v_off, m, tau, zero, scale, M, D: tl.constexpr, DV: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr):
-        """Step 3: sum p v, sum g v and sum g per row; key tiles outside every row's support are skipped."""
-        offs_dv = tl.arange(0, BLOCK_DV)
-        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-        acc_g = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-        g_sum = zero
-        for start in range(0, M, BLOCK_N):
-            if SINGLE:
-                z = z0
-            else:
-                z = _z_block(q, K, k_off, start, m, scale, M, D, BLOCK_N, BLOCK_D, ENTMAX, PREC)
-            p, g = _p_g(z, tau, ENTMAX)
-            if tl.max(tl.max(g, 1), 0) > 0:  # sparse: a tile outside every row's support adds nothing
-                offs_n = start + tl.arange(0, BLOCK_N)
-                v = tl.load(V + v_off + offs_n[:, None] * DV + offs_dv[None, :],
-                            mask=(offs_n[:, None] < M) & (offs_dv[None, :] < DV), other=0.0)
-                acc += _dot(p.to(v.dtype), v, PREC)
-                acc_g += _dot(g.to(v.dtype), v, PREC)
-            g_sum += tl.sum(g, 1)
-        return acc, acc_g, g_sum
-
-    @triton.jit
-    def _fwd_kernel(Q, K, V, O, OG, STATS, scale, N, M,
-                    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr,
-                    SINGLE: tl.constexpr, MAX_SWEEPS: tl.constexpr, PREC: tl.constexpr):
-        """O = sum p v, OG = sum g v / sum g and (m, tau) per query row, for one query block and batch*head."""
-        bh = tl.program_id(1)
-        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
-        q = tl.load(Q + bh * N * D + offs_m[:, None] * D + offs_d[None, :],
-                    mask=(offs_m[:, None] < N) & (offs_d[None, :] < D), other=0.0)
-        k_off, v_off = bh * M * D, bh * M * DV
-        zero = tl.zeros([BLOCK_M], dtype=tl.float32)
-        m, z0 = _row_max(q, K, k_off, zero, scale, M, D, BLOCK_N, BLOCK_D, ENTMAX, SINGLE, PREC)
-        tau = _threshold(z0, q, K, k_off, m, zero, scale, M, D, BLOCK_M, BLOCK_N, BLOCK_D, ENTMAX, SINGLE,
-                         MAX_SWEEPS, PREC)
-        acc, acc_g, g_sum = _weighted_values(z0, q, K, V, k_off, v_off, m, tau, zero, scale, M, D, DV, BLOCK_M,
-                                             BLOCK_N, BLOCK_D, BLOCK_DV, ENTMAX, SINGLE, PREC)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        out_mask = (offs_m[:, None] < N) & (offs_dv[None, :] < DV)
-        o_ptrs = bh * N * DV + offs_m[:, None] * DV + offs_dv[None, :]
-        tl.store(O + o_ptrs, acc.to(O.dtype.element_ty), mask=out_mask)
-        tl.store(OG + o_ptrs, (acc_g / g_sum[:, None]).to(OG.dtype.element_ty), mask=out_mask)
-        row = offs_m < N
-        tl.store(STATS + (bh * N + offs_m) * 2, m, mask=row)
-        tl.store(STATS + (bh * N + offs_m) * 2 + 1, tau, mask=row)
-
-    @triton.jit
-    def _bwd_rows(Q, DO, OG, STATS, bh, start_m, N, D: tl.constexpr, DV: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-        """A query block's q, dO, m, tau and delta = rowsum(dO * Og); rows past N are zeros."""
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        row = offs_m < N
-        q = tl.load(Q + bh * N * D + offs_m[:, None] * D + offs_d[None, :],
-                    mask=row[:, None] & (offs_d[None, :] < D), other=0.0)
-        o_ptrs = bh * N * DV + offs_m[:, None] * DV + offs_dv[None, :]
-        o_mask = row[:, None] & (offs_dv[None, :] < DV)
-        do = tl.load(DO + o_ptrs, mask=o_mask, other=0.0)
-        og = tl.load(OG + o_ptrs, mask=o_mask, other=0.0)
-        delta = tl.sum(do.to(tl.float32) * og.to(tl.float32), 1)
-        m = tl.load(STATS + (bh * N + offs_m) * 2, mask=row, other=0.0)
-        tau = tl.load(STATS + (bh * N + offs_m) * 2 + 1, mask=row, other=0.0)
-        return q, do, m, tau, delta
-
-    @triton.jit
-    def _p_tile(q, k, m, tau, start_n, scale, M, BLOCK_N: tl.constexpr, ENTMAX: tl.constexpr,
-                PREC: tl.constexpr):
-        """p and g of one (query block, key block) tile, recomputed with the forward's arithmetic."""
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        s = _dot(q, tl.trans(k), PREC) * scale
-        z = tl.where(offs_n[None, :] < M, s, float("-inf")) - m[:, None]
-        if ENTMAX:
-            z = z * 0.5
-        return _p_g(z, tau, ENTMAX)
-
-    @triton.jit
-    def _bwd_kv_kernel(Q, K, V, DO, OG, STATS, DK, DV_, scale, N, M,
-                       D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr,
-                       PREC: tl.constexpr):
-        bh = tl.program_id(1)
-        start_n = tl.program_id(0) * BLOCK_N
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        k_ptrs = bh * M * D + offs_n[:, None] * D + offs_d[None, :]
-        k_mask = (offs_n[:, None] < M) & (offs_d[None, :] < D)
-        v_ptrs = bh * M * DV + offs_n[:, None] * DV + offs_dv[None, :]
-        v_mask = (offs_n[:, None] < M) & (offs_dv[None, :] < DV)
-        k = tl.load(K + k_ptrs, mask=k_mask, other=0.0)
-        v = tl.load(V + v_ptrs, mask=v_mask, other=0.0)
-        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-        dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-        for start_m in range(0, N, BLOCK_M):
-            q, do, m, tau, delta = _bwd_rows(Q, DO, OG, STATS, bh, start_m, N, D, DV, BLOCK_M, BLOCK_D, BLOCK_DV)
-            p, g = _p_tile(q, k, m, tau, start_n, scale, M, BLOCK_N, ENTMAX, PREC)
-            if tl.max(tl.max(g, 1), 0) > 0:  # all-zero tile: no dV, and ds = g * (...) = 0
-                dv += _dot(tl.trans(p.to(do.dtype)), do, PREC)
-                ds = g * (_dot(do, tl.trans(v), PREC) - delta[:, None])
-                dk += _dot(tl.trans(ds.to(q.dtype)), q, PREC)
-        tl.store(DK + k_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=k_mask)
-        tl.store(DV_ + v_ptrs, dv.to(DV_.dtype.element_ty), mask=v_mask)
-
-    @triton.jit
-    def _bwd_q_kernel(Q, K, V, DO, OG, STATS, DQ, scale, N, M,
-                      D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr,
-                      PREC: tl.constexpr):
-        bh = tl.program_id(1)
-        start_m = tl.program_id(0) * BLOCK_M
-        q, do, m, tau, delta = _bwd_rows(Q, DO, OG, STATS, bh, start_m, N, D, DV, BLOCK_M, BLOCK_D, BLOCK_DV)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        for start_n in range(0, M, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = tl.load(K + bh * M * D + offs_n[:, None] * D + offs_d[None, :],
-                        mask=(offs_n[:, None] < M) & (offs_d[None, :] < D), other=0.0)
-            v = tl.load(V + bh * M * DV + offs_n[:, None] * DV + offs_dv[None, :],
-                        mask=(offs_n[:, None] < M) & (offs_dv[None, :] < DV), other=0.0)
-            _, g = _p_tile(q, k, m, tau, start_n, scale, M, BLOCK_N, ENTMAX, PREC)
-            if tl.max(tl.max(g, 1), 0) > 0:
-                ds = g * (_dot(do, tl.trans(v), PREC) - delta[:, None])
-                dq += _dot(ds.to(k.dtype), k, PREC)
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        tl.store(DQ + bh * N * D + offs_m[:, None] * D + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
-                 mask=(offs_m[:, None] < N) & (offs_d[None, :] < D))
+            sig[name] = "*" + _FP32_ARGS.get(name, _TYPE[dtype])
+    return sig
 
 
-def _meta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, entmax: bool) -> dict:
-    d, dv, m = q.shape[-1], v.shape[-1], k.shape[-2]
-    return dict(D=d, DV=dv, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
-                ENTMAX=entmax, PREC="ieee" if q.dtype == torch.float32 else
-                "upcast" if q.dtype == torch.bfloat16 and interpreted() else "tf32")
+def launch_plan(n: int, dtype: torch.dtype, kind: str = "entmax15", head_dim: int = 64, bh: int = 384,
+                need_grad: bool = True, m: int | None = None) -> list[KernelLaunch]:
+    """The kernels the launcher runs for q of ``n`` rows and ``m`` (default n) keys, with the block sizes it
+    picks (fp32: for torch's current float32 matmul precision)."""
+    if triton is None:
+        raise RuntimeError("launch_plan needs Triton")
+    m = n if m is None else m
+    plan = _plan(n, m, dtype, head_dim, head_dim, bh, kind == "entmax15", need_grad)
+    return [KernelLaunch(name, fn, _signature(fn, dtype, consts), dict(consts), opts["num_warps"],
+                         opts["num_stages"], grid[0] * grid[1],
+                         {a: v for a, v in _vit_scalars(n, m, head_dim).items() if a in fn.arg_names})
+            for name, fn, grid, consts, opts in plan]
 
 
-def _launch_cfg(q: torch.Tensor) -> dict:
-    return {} if interpreted() else dict(num_warps=4 if q.shape[-1] <= 64 else 8, num_stages=1)
+def _vit_scalars(n: int, m: int, d: int, heads: int = 6) -> dict[str, int]:
+    """Integer arguments as a ViT layer passes them: q (first n tokens), k, v slices of qkv (B, M, 3, H, d),
+    O and dO as (B, N, H, d)."""
+    qkv = dict(b=m * 3 * heads * d, h=d, n=3 * heads * d)
+    out = dict(b=n * heads * d, h=d, n=heads * d)
+    strides = {f"s{t}_{a}": v for t, lay in (("q", qkv), ("k", qkv), ("v", qkv), ("o", out), ("d", out))
+               for a, v in lay.items()}
+    return dict(n=n, m=m, heads=heads, **strides)
 
 
-class _TritonSparseAttentionFn(torch.autograd.Function):
-    """q (BH, N, d), k (BH, M, d), v (BH, M, dv): contiguous, one dtype."""
+def _opts(opts: dict) -> dict:
+    return {} if interpreted() else opts
 
-    @staticmethod
-    def forward(ctx, q, k, v, scale: float, entmax: bool):
-        bh, n, _ = q.shape
-        m_keys = k.shape[1]
-        meta = _meta(q, k, v, entmax)
-        single = m_keys <= _SINGLE_MAX // (1 if q.element_size() == 2 else 2)  # fp32: half the shared memory
-        block_n = max(16, triton.next_power_of_2(m_keys)) if single else 64
-        block_m = 32 if single and block_n > 128 else 64
-        o = q.new_empty(bh, n, v.shape[-1])
-        og = torch.empty_like(o)
-        stats = torch.empty(bh, n, 2, device=q.device, dtype=torch.float32)
-        grid = (triton.cdiv(n, block_m), bh)
-        _fwd_kernel[grid](q, k, v, o, og, stats, scale, n, m_keys, BLOCK_M=block_m, BLOCK_N=block_n,
-                          SINGLE=single, MAX_SWEEPS=_MAX_SWEEPS, **meta, **_launch_cfg(q))
-        ctx.save_for_backward(q, k, v, og, stats)
-        ctx.scale, ctx.entmax = scale, entmax
-        return o
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, og, stats = ctx.saved_tensors
-        do = do.to(q.dtype).contiguous()
-        bh, n, _ = q.shape
-        m_keys = k.shape[1]
-        meta = _meta(q, k, v, ctx.entmax)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        block_m, block_n = 64, 64
-        args = (q, k, v, do, og, stats)
-        _bwd_kv_kernel[(triton.cdiv(m_keys, block_n), bh)](*args, dk, dv, ctx.scale, n, m_keys, BLOCK_M=block_m,
-                                                            BLOCK_N=block_n, **meta, **_launch_cfg(q))
-        _bwd_q_kernel[(triton.cdiv(n, block_m), bh)](*args, dq, ctx.scale, n, m_keys, BLOCK_M=block_m,
-                                                      BLOCK_N=block_n, **meta, **_launch_cfg(q))
-        return dq, dk, dv, None, None
+# ------------------------------------------------------------------------------------------- custom ops
+def _strides(x: Tensor) -> tuple[int, int, int]:
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def _unit_last(x: Tensor) -> Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _out(q: Tensor, v: Tensor) -> Tensor:
+    """O (B, H, N, dv) laid out as (B, N, H, dv): the layer's transpose(1, 2).reshape is then free."""
+    b, h, n = q.shape[:3]
+    return q.new_empty(b, n, h, v.shape[-1]).transpose(1, 2)
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, scale: float, entmax: bool, need_grad: bool, count: bool):
+    b, h, n, d = q.shape
+    q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+    o = _out(q, v)
+    og = q.new_empty(b, h, n if need_grad else 0, v.shape[-1])
+    stats = torch.empty(b, h, n, 2, device=q.device, dtype=torch.float32)
+    passes = torch.zeros(b, h, n if count else 0, device=q.device, dtype=torch.int32)
+    _, fn, grid, consts, opts = _plan(n, k.shape[2], q.dtype, d, v.shape[-1], b * h, entmax, need_grad, count)[0]
+    fn[grid](q, k, v, o, og, stats, passes, scale, n, k.shape[2], h, *_strides(q), *_strides(k), *_strides(v),
+             *_strides(o), **consts, **_opts(opts))
+    return o, og, stats, passes
+
+
+@torch.library.custom_op("tokenmix::triton_sparse_attention", mutates_args=())
+def _fwd_op(q: Tensor, k: Tensor, v: Tensor, scale: float, entmax: bool,
+            need_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(o, og, stats) for q (B, H, N, d), k (B, H, M, d), v (B, H, M, dv) of one dtype, any strides; og
+    (B, H, N, dv) is empty (N = 0) without ``need_grad``; stats (B, H, N, 2) = (zmax, tau) per row."""
+    return _forward(q, k, v, scale, entmax, need_grad, False)[:3]
+
+
+@_fwd_op.register_fake
+def _(q, k, v, scale, entmax, need_grad):
+    b, h, n, _ = q.shape
+    return _out(q, v), q.new_empty(b, h, n if need_grad else 0, v.shape[-1]), \
+        q.new_empty(b, h, n, 2, dtype=torch.float32)
+
+
+@torch.library.custom_op("tokenmix::triton_sparse_attention_bwd", mutates_args=())
+def _bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, og: Tensor, stats: Tensor, scale: float,
+            entmax: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv (contiguous) for the forward's saved q, k, v, og, stats."""
+    q, k, v, do = _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(do.to(q.dtype))
+    b, h, n, d = q.shape
+    m = k.shape[2]
+    dq, dk, dv = (torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (q, k, v))
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(do))
+    plan = _plan(n, m, q.dtype, d, v.shape[-1], b * h, entmax, True)[1:]
+    for (_, fn, grid, consts, opts), outs in zip(plan, ((dk, dv), (dq,))):
+        fn[grid](q, k, v, do, og, stats, *outs, scale, n, m, h, *strides, **consts, **_opts(opts))
+    return dq, dk, dv
+
+
+@_bwd_op.register_fake
+def _(do, q, k, v, og, stats, scale, entmax):
+    return tuple(torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (q, k, v))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, scale, entmax, need_grad = inputs
+    _, og, stats = output
+    ctx.save_for_backward(q, k, v, og, stats)
+    ctx.scale, ctx.entmax = scale, entmax
+    ctx.mark_non_differentiable(og, stats)
+
+
+def _backward(ctx, do, _dog, _dstats):
+    q, k, v, og, stats = ctx.saved_tensors
+    if og.shape[2] != q.shape[2]:
+        raise RuntimeError("triton_sparse_attention: the forward ran without gradients enabled")
+    dq, dk, dv = _bwd_op(do, q, k, v, og, stats, ctx.scale, ctx.entmax)
+    return dq, dk, dv, None, None, None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _four_d(x: Tensor) -> Tensor:
+    """(..., N, d) as (B, H, N, d), a view whenever the leading dims allow one."""
+    lead = x.shape[:-2]
+    if len(lead) == 2:
+        return x
+    if len(lead) < 2:
+        return x.reshape((1,) * (2 - len(lead)) + x.shape)
+    return x.reshape(-1, lead[-1], *x.shape[-2:])
+
+
+def threshold_passes(scores: Tensor, kind: str = "entmax15") -> Tensor:
+    """Per-row number of passes the forward kernel's threshold search takes on ``scores`` (..., N, M)
+    (the kernel itself, run with fp32 exact products on q = scores, k = identity; CUDA or the interpreter)."""
+    lead, n, m = scores.shape[:-2], scores.shape[-2], scores.shape[-1]
+    q = _four_d(scores.float())
+    eye = torch.eye(m, device=scores.device).expand(*q.shape[:2], m, m)
+    with torch.autocast(device_type=scores.device.type, enabled=False):
+        prec = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("highest")  # exact s = q I in fp32
+        try:
+            passes = _forward(q, eye, eye, 1.0, kind == "entmax15", False, True)[3]
+        finally:
+            torch.set_float32_matmul_precision(prec)
+    return passes.reshape(*lead, n)
 
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -382,8 +312,9 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         raise RuntimeError("backbones.triton_attention needs Triton and CUDA tensors (or CPU tensors with "
                            f"TRITON_INTERPRET=1 set before import); got {q.device} "
                            f"({'no Triton' if triton is None else 'Triton compiled mode'})")
-    lead, n, m = q.shape[:-2], q.shape[-2], k.shape[-2]
-    q3, k3, v3 = (x.to(dt).reshape(-1, x.shape[-2], x.shape[-1]).contiguous() for x in (q, k, v))
+    lead, n = q.shape[:-2], q.shape[-2]
+    need_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    q4, k4, v4 = (_four_d(x.to(dt)) for x in (q, k, v))
     with torch.autocast(device_type=dev, enabled=False):
-        out = _TritonSparseAttentionFn.apply(q3, k3, v3, float(scale), kind == "entmax15")
-    return out.view(*lead, n, v.shape[-1])
+        out = _fwd_op(q4, k4, v4, float(scale), kind == "entmax15", need_grad)[0]
+    return out if len(lead) == 2 else out.reshape(*lead, n, v.shape[-1])

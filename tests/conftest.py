@@ -8,20 +8,52 @@ import torch
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"
-# Skips CI's environment must never produce (../shared is there, a C++ compiler is installed): with
-# TOKENMIX_STRICT_SKIPS=1 (set by .ci/run) they fail instead of passing silently.
-STRICT_SKIP_REASONS = ("fixtures", "C++ compiler")
+# TOKENMIX_STRICT_SKIPS=1 (set by .ci/run): every skip is a failure unless its reason names what a CPU machine
+# cannot have (a GPU). Module-level skips (pytest.importorskip, pytest.skip(allow_module_level=True)) included:
+# they happen at collection, where a plain skip would hide a whole file.
+STRICT_ALLOWED = ("GPU", "CUDA")
+
+
+def _strict_refuses(rep) -> bool:
+    if not (rep.skipped and os.environ.get("TOKENMIX_STRICT_SKIPS") == "1"):
+        return False
+    reason = str(rep.longrepr[2]) if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+    if any(k in reason for k in STRICT_ALLOWED):
+        return False
+    rep.outcome = "failed"
+    rep.longrepr = f"TOKENMIX_STRICT_SKIPS=1: this skip is an error here (allowed: a reason naming " \
+                   f"{' or '.join(STRICT_ALLOWED)}): {reason}"
+    return True
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
-    rep = outcome.get_result()
-    if rep.skipped and os.environ.get("TOKENMIX_STRICT_SKIPS") == "1":
-        reason = str(rep.longrepr[2]) if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
-        if any(k in reason for k in STRICT_SKIP_REASONS):
-            rep.outcome = "failed"
-            rep.longrepr = f"TOKENMIX_STRICT_SKIPS=1: this skip is an error here ({reason})"
+    _strict_refuses(outcome.get_result())
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "runs_elsewhere(condition, reason): deselect (not skip) when condition is "
+                            "true, because another test runs this one in a subprocess (e.g. Triton's interpreter "
+                            "must be chosen before Triton is first imported, so one process has one mode)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """``runs_elsewhere`` tests whose condition holds leave this session as deselected: their subprocess twin
+    runs them and fails if any of them fails or skips, so nothing is hidden behind a skip."""
+    here, elsewhere = [], []
+    for item in items:
+        m = item.get_closest_marker("runs_elsewhere")
+        (elsewhere if m is not None and m.args[0] else here).append(item)
+    if elsewhere:
+        config.hook.pytest_deselected(items=elsewhere)
+        items[:] = here
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _strict_refuses(outcome.get_result())
 
 
 # The process's state before any test ran. A deterministic Trainer switches torch's deterministic mode on for

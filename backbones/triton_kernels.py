@@ -1,0 +1,289 @@
+"""The Triton kernels behind ``backbones.triton_attention`` (launcher, block sizes and custom ops live there).
+
+Notation (per query row): s = q k^T, z = c s - zmax with c = scale/2 (entmax-1.5) or scale (sparsemax), so
+max z = 0 and p = (z - tau)_+^2 (entmax-1.5) or (z - tau)_+ (sparsemax), tau in [-1, 0) (p <= 1 bounds it).
+Tensors are upper case, sizes and strides lower case (``triton_attention._signature`` relies on it). q/k/v/dO
+rows are read through their strides (batch, head, row; the last dimension contiguous): no copies.
+"""
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # no Triton: backbones.triton_attention.available() is False
+    triton = None
+
+if triton is not None:
+    EPS = tl.constexpr(1e-6)  # a closed-form root this far below the pass's threshold is that threshold (fp32
+    # rounding of u at the settled support)
+
+    @triton.jit
+    def _dot(a, b, PREC: tl.constexpr):
+        """a @ b, fp32 accumulation. PREC "upcast": in fp32 from bf16 operands (same products; the interpreter's
+        bf16 dot is wrong), "ieee": exact fp32, "tf32": tensor cores (16-bit operands: exact products)."""
+        if PREC == "upcast":
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return tl.dot(a, b, input_precision=PREC)
+
+    @triton.jit
+    def _rows(X, off, s_n, start, n, R: tl.constexpr, C: tl.constexpr, c_real):
+        """Rows start..start+R of a (rows, c_real) matrix at X + off with row stride s_n; zeros outside."""
+        r = start + tl.arange(0, R)
+        c = tl.arange(0, C)
+        return tl.load(X + off + r[:, None] * s_n + c[None, :], mask=(r[:, None] < n) & (c[None, :] < c_real),
+                       other=0.0)
+
+    @triton.jit
+    def _z_tile(q, k, start, m, coef, zmax, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+        """z = coef * (q k^T) - zmax for one key block; keys past m get -inf."""
+        offs_n = start + tl.arange(0, BLOCK_N)
+        s = _dot(q, tl.trans(k), PREC) * coef
+        return tl.where(offs_n[None, :] < m, s, float("-inf")) - zmax[:, None]
+
+    @triton.jit
+    def _support_sums(z, t, FUSED: tl.constexpr):
+        """Per row on the support S = {z > t}: |S|, sum and sum of squares of d = z - t, and min d."""
+        d = z - t[:, None]
+        on = d > 0
+        dp = tl.where(on, d, 0.0)
+        if FUSED:  # one reduction over four inputs: each score's terms are consumed at once (no spill at 256 keys)
+            return tl.reduce((on.to(tl.float32), dp, dp * dp, tl.where(on, d, float("inf"))), 1, _combine)
+        # the interpreter runs a custom combine per element in Python: four vectorised reductions there
+        return tl.sum(on.to(tl.float32), 1), tl.sum(dp, 1), tl.sum(dp * dp, 1), tl.min(tl.where(on, d, float("inf")), 1)
+
+    @triton.jit
+    def _combine(k1, a1, b1, m1, k2, a2, b2, m2):
+        return k1 + k2, a1 + a2, b1 + b2, tl.minimum(m1, m2)
+
+    @triton.jit
+    def _update(t, k, s1, s2, mn, ENTMAX: tl.constexpr):
+        """One threshold step from the support sums at t: (exact, tau, next t).
+
+        The closed form on S: u with sum_S (d - u)^2 = 1 (sparsemax: sum_S (d - u) = 1). It is tau exactly
+        when S = {z > t + u}, i.e. 0 <= u < min d. Otherwise (entmax-1.5) S was a strict superset of the
+        support and t + u an upper bound, or a subset and t + u a lower bound: the next pass's support then
+        lies on the other side, and the bounds close in monotonically (a finite number of supports). No real
+        root (S far too big): a Newton step from below on ||d_+|| - 1 instead. Sparsemax: u is Michelot's
+        step, always from below."""
+        if ENTMAX:
+            disc = s1 * s1 - k * (s2 - 1.0)
+            has = disc >= 0
+            u = (s2 - 1.0) / (s1 + tl.sqrt(tl.maximum(disc, 0.0)))  # the smaller root, without cancellation
+            nxt = tl.where(has, t + u, t + (s2 - tl.sqrt(s2)) / s1)
+        else:
+            u = (s1 - 1.0) / k
+            has = k > 0
+            nxt = t + u
+        exact = has & (u >= -EPS) & (u < mn)
+        return exact, t + tl.maximum(u, 0.0), nxt
+
+    @triton.jit
+    def _tile_max(q, K, k_off, s_kn, m, coef, zero, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr,
+                  PREC: tl.constexpr):
+        """Row max of coef * q k^T over every key block (the block-wise path's first pass)."""
+        zmax = zero + float("-inf")
+        for start in range(0, m, BLOCK_N):
+            k = _rows(K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D)
+            zmax = tl.maximum(zmax, tl.max(_z_tile(q, k, start, m, coef, zero, BLOCK_N, PREC), 1))
+        return zmax
+
+    @triton.jit
+    def _threshold(z0, q, K, k_off, s_kn, m, coef, zmax, zero, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr, D: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr,
+                   MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr):
+        """tau per row, from t = -1 (= zmax/2 - 1, as p <= 1), and the number of passes each row took.
+        SINGLE: z0 holds the whole row in registers; else every pass recomputes z block by block."""
+        t = zero - 1.0
+        tau = zero
+        done = zero > 1
+        passes = tl.zeros([BLOCK_M], dtype=tl.int32)
+        it = tl.full([], 0, tl.int32)  # loop-carried: Triton values, not Python ints
+        left = tl.full([], BLOCK_M, tl.int32)
+        while left > 0:
+            if SINGLE:
+                k, s1, s2, mn = _support_sums(z0, t, FUSED)
+            else:
+                k, s1, s2, mn = zero, zero, zero, zero + float("inf")
+                for start in range(0, m, BLOCK_N):
+                    kb = _rows(K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D)
+                    a, b, c, e = _support_sums(_z_tile(q, kb, start, m, coef, zmax, BLOCK_N, PREC), t, FUSED)
+                    k, s1, s2, mn = k + a, s1 + b, s2 + c, tl.minimum(mn, e)
+            exact, cand, nxt = _update(t, k, s1, s2, mn, ENTMAX)
+            it += 1
+            passes = tl.where(done, passes, it)
+            fin = ~done & (exact | (it >= MAX_PASSES))  # out of passes (never seen): the last root
+            tau = tl.where(fin, tl.where(exact, cand, nxt), tau)
+            done = done | fin
+            t = nxt
+            left = tl.sum((~done).to(tl.int32), 0)
+        return tau, passes
+
+    @triton.jit
+    def _p_g(z, tau, ENTMAX: tl.constexpr):
+        """p and g = dp/dz up to a row constant: sqrt(p) for entmax-1.5, [p > 0] for sparsemax."""
+        d = tl.maximum(z - tau[:, None], 0.0)
+        if ENTMAX:
+            return d * d, d
+        return d, (d > 0).to(tl.float32)
+
+    @triton.jit
+    def _g_lo(z, tau, DT: tl.constexpr, ENTMAX: tl.constexpr):
+        """g = sqrt(p) (entmax-1.5) or [p > 0] (sparsemax) in the input dtype, for the product with v."""
+        d = tl.maximum(z - tau[:, None], 0.0)
+        if ENTMAX:
+            return d.to(DT)
+        return (d > 0).to(tl.float32).to(DT)  # via fp32: the interpreter cannot cast bool to bf16
+
+    @triton.jit
+    def _p_lo(z, tau, DT: tl.constexpr, ENTMAX: tl.constexpr):
+        """p in the input dtype, for the product with v."""
+        d = tl.maximum(z - tau[:, None], 0.0)
+        if ENTMAX:
+            d = d * d
+        return d.to(DT)
+
+    @triton.jit
+    def _weighted_values(z0, q, K, V, k_off, sk_n, v_off, sv_n, m, coef, zmax, tau, zero, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, D: tl.constexpr,
+                         DV: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr, NEED_OG: tl.constexpr,
+                         OG_N: tl.constexpr, PREC: tl.constexpr):
+        """sum p v, and with NEED_OG sum g v and sum g, per row; key tiles outside every row's support skipped.
+        One register tile (SINGLE): sum g v comes after sum p v, from q k^T recomputed in OG_N-key pieces, so
+        that the 16-bit p and g tiles of 256 keys never coexist (they spilled; 8 warps duplicated the work)."""
+        DT: tl.constexpr = V.dtype.element_ty
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+        acc_g = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+        g_sum = zero
+        for start in range(0, m, BLOCK_N):
+            if SINGLE:
+                acc += _dot(_p_lo(z0, tau, DT, ENTMAX), _rows(V, v_off, sv_n, 0, m, BLOCK_N, BLOCK_DV, DV), PREC)
+            else:
+                z = _z_tile(q, _rows(K, k_off, sk_n, start, m, BLOCK_N, BLOCK_D, D), start, m, coef, zmax,
+                            BLOCK_N, PREC)
+                g = _g_lo(z, tau, DT, ENTMAX)
+                if tl.max(tl.max(g, 1), 0) > 0:  # sparse: a tile outside every row's support adds nothing
+                    v = _rows(V, v_off, sv_n, start, m, BLOCK_N, BLOCK_DV, DV)
+                    if NEED_OG:
+                        acc_g += _dot(g, v, PREC)
+                        g_sum += tl.sum(g.to(tl.float32), 1)
+                    acc += _dot(_p_lo(z, tau, DT, ENTMAX), v, PREC)
+        if SINGLE and NEED_OG:
+            for start in range(0, m, OG_N):
+                kb = _rows(K, k_off, sk_n, start, m, OG_N, BLOCK_D, D)
+                g = _g_lo(_z_tile(q, kb, start, m, coef, zmax, OG_N, PREC), tau, DT, ENTMAX)
+                acc_g += _dot(g, _rows(V, v_off, sv_n, start, m, OG_N, BLOCK_DV, DV), PREC)
+                g_sum += tl.sum(g.to(tl.float32), 1)
+        return acc, acc_g, g_sum
+
+    @triton.jit
+    def _fwd_kernel(Q, K, V, O, OG, STATS, PASSES, scale, n, m, heads,
+                    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+                    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr,
+                    NEED_OG: tl.constexpr, COUNT: tl.constexpr, MAX_PASSES: tl.constexpr, PREC: tl.constexpr,
+                    FUSED: tl.constexpr, OG_N: tl.constexpr):
+        """O = sum p v per query row of one (query block, batch*head); (zmax, tau) to STATS; with NEED_OG also
+        OG = sum g v / sum g (the backward's delta); with COUNT the threshold passes per row to PASSES."""
+        bh = tl.program_id(1)
+        b, h = bh // heads, bh % heads
+        start_m = tl.program_id(0) * BLOCK_M
+        q = _rows(Q, b * sq_b + h * sq_h, sq_n, start_m, n, BLOCK_M, BLOCK_D, D)
+        k_off, v_off = b * sk_b + h * sk_h, b * sv_b + h * sv_h
+        coef = scale * 0.5 if ENTMAX else scale
+        zero = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if SINGLE:  # the whole row in one tile: q k^T once, every pass is register arithmetic
+            k = _rows(K, k_off, sk_n, 0, m, BLOCK_N, BLOCK_D, D)
+            z0 = _z_tile(q, k, 0, m, coef, zero, BLOCK_N, PREC)
+            zmax = tl.max(z0, 1)
+            z0 = z0 - zmax[:, None]
+        else:
+            zmax = _tile_max(q, K, k_off, sk_n, m, coef, zero, BLOCK_N, BLOCK_D, D, PREC)
+            z0 = zmax
+        tau, passes = _threshold(z0, q, K, k_off, sk_n, m, coef, zmax, zero, BLOCK_M, BLOCK_N, BLOCK_D, D, ENTMAX,
+                                 SINGLE, MAX_PASSES, PREC, FUSED)
+        acc, acc_g, g_sum = _weighted_values(z0, q, K, V, k_off, sk_n, v_off, sv_n, m, coef, zmax, tau, zero,
+                                             BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, D, DV, ENTMAX, SINGLE, NEED_OG,
+                                             OG_N, PREC)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        out_mask = (offs_m[:, None] < n) & (offs_dv[None, :] < DV)
+        tl.store(O + b * so_b + h * so_h + offs_m[:, None] * so_n + offs_dv[None, :], acc.to(O.dtype.element_ty),
+                 mask=out_mask)
+        if NEED_OG:
+            tl.store(OG + (bh * n + offs_m[:, None]) * DV + offs_dv[None, :],
+                     (acc_g / g_sum[:, None]).to(OG.dtype.element_ty), mask=out_mask)
+        row = offs_m < n
+        tl.store(STATS + (bh * n + offs_m) * 2, zmax, mask=row)
+        tl.store(STATS + (bh * n + offs_m) * 2 + 1, tau, mask=row)
+        if COUNT:
+            tl.store(PASSES + bh * n + offs_m, passes, mask=row)
+
+    @triton.jit
+    def _bwd_rows(Q, DO, OG, STATS, b, h, bh, start_m, n, heads, sq_b, sq_h, sq_n, sd_b, sd_h, sd_n,
+                  D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_DV: tl.constexpr):
+        """A query block's q, dO, zmax, tau and delta = rowsum(dO * Og); rows past n are zeros."""
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        row = offs_m < n
+        q = _rows(Q, b * sq_b + h * sq_h, sq_n, start_m, n, BLOCK_M, BLOCK_D, D)
+        do = _rows(DO, b * sd_b + h * sd_h, sd_n, start_m, n, BLOCK_M, BLOCK_DV, DV)
+        og = _rows(OG, bh * n * DV, DV, start_m, n, BLOCK_M, BLOCK_DV, DV)
+        delta = tl.sum(do.to(tl.float32) * og.to(tl.float32), 1)
+        zmax = tl.load(STATS + (bh * n + offs_m) * 2, mask=row, other=0.0)
+        tau = tl.load(STATS + (bh * n + offs_m) * 2 + 1, mask=row, other=0.0)
+        return q, do, zmax, tau, delta
+
+    @triton.jit
+    def _bwd_kv_kernel(Q, K, V, DO, OG, STATS, DK, DV_, scale, n, m, heads,
+                       sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sd_b, sd_h, sd_n,
+                       D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr):
+        """dK, dV of one key block: ds = g (dO v^T - delta) * coef over every query block (no atomics)."""
+        bh = tl.program_id(1)
+        b, h = bh // heads, bh % heads
+        start_n = tl.program_id(0) * BLOCK_N
+        coef = scale * 0.5 if ENTMAX else scale
+        k = _rows(K, b * sk_b + h * sk_h, sk_n, start_n, m, BLOCK_N, BLOCK_D, D)
+        v = _rows(V, b * sv_b + h * sv_h, sv_n, start_n, m, BLOCK_N, BLOCK_DV, DV)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+        for start_m in range(0, n, BLOCK_M):
+            q, do, zmax, tau, delta = _bwd_rows(Q, DO, OG, STATS, b, h, bh, start_m, n, heads, sq_b, sq_h, sq_n,
+                                                sd_b, sd_h, sd_n, D, DV, BLOCK_M, BLOCK_D, BLOCK_DV)
+            p, g = _p_g(_z_tile(q, k, start_n, m, coef, zmax, BLOCK_N, PREC), tau, ENTMAX)
+            if tl.max(tl.max(g, 1), 0) > 0:  # all-zero tile: no dV, and ds = g * (...) = 0
+                dv += _dot(tl.trans(p.to(do.dtype)), do, PREC)
+                ds = g * (_dot(do, tl.trans(v), PREC) - delta[:, None])
+                dk += _dot(tl.trans(ds.to(q.dtype)), q, PREC)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        tl.store(DK + (bh * m + offs_n[:, None]) * D + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
+                 mask=(offs_n[:, None] < m) & (offs_d[None, :] < D))
+        tl.store(DV_ + (bh * m + offs_n[:, None]) * DV + offs_dv[None, :], dv.to(DV_.dtype.element_ty),
+                 mask=(offs_n[:, None] < m) & (offs_dv[None, :] < DV))
+
+    @triton.jit
+    def _bwd_q_kernel(Q, K, V, DO, OG, STATS, DQ, scale, n, m, heads,
+                      sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sd_b, sd_h, sd_n,
+                      D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr):
+        """dQ of one query block over every key block."""
+        bh = tl.program_id(1)
+        b, h = bh // heads, bh % heads
+        start_m = tl.program_id(0) * BLOCK_M
+        coef = scale * 0.5 if ENTMAX else scale
+        q, do, zmax, tau, delta = _bwd_rows(Q, DO, OG, STATS, b, h, bh, start_m, n, heads, sq_b, sq_h, sq_n,
+                                            sd_b, sd_h, sd_n, D, DV, BLOCK_M, BLOCK_D, BLOCK_DV)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        for start_n in range(0, m, BLOCK_N):
+            k = _rows(K, b * sk_b + h * sk_h, sk_n, start_n, m, BLOCK_N, BLOCK_D, D)
+            v = _rows(V, b * sv_b + h * sv_h, sv_n, start_n, m, BLOCK_N, BLOCK_DV, DV)
+            _, g = _p_g(_z_tile(q, k, start_n, m, coef, zmax, BLOCK_N, PREC), tau, ENTMAX)
+            if tl.max(tl.max(g, 1), 0) > 0:
+                ds = g * (_dot(do, tl.trans(v), PREC) - delta[:, None])
+                dq += _dot(ds.to(k.dtype), k, PREC)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        tl.store(DQ + (bh * n + offs_m[:, None]) * D + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
+                 mask=(offs_m[:, None] < n) & (offs_d[None, :] < D))
