@@ -113,7 +113,7 @@ def extract_corloc(model, samples: Iterable[Sample], opts: Options) -> Iterator[
         if s.boxes is None or s.boxes.shape[0] == 0:
             continue  # LOST evaluates images with at least one GT box
         x = full_res(s.image, ps)[None].to(opts.device)
-        f = last_block_keys(model, x)[0] if opts.lost_features == "k" else model.extract(x)[-1]["patch"][0]
+        f = (last_block_keys(model, x)[0] if opts.lost_features == "k" else model.extract(x)[-1]["patch"][0]).float()
         H, W = s.image.shape[-2:]
         r = lost(f, model.grid_size(x), ps, image_size=(H, W), k_patches=opts.k_patches)
         hit = corloc_hit(r.box, s.boxes)

@@ -25,6 +25,7 @@ from typing import Callable, Iterable
 import torch
 
 from tokenmix.launch import count_devices, ddp_strategy
+from tokenmix.precision import inference_autocast
 
 from .data import Sample, eval_crop, iter_samples
 
@@ -36,6 +37,8 @@ class Options:
     batch_size: int = 16
     num_vis: int = 8
     pib_subset: str = "all"  # "all" images with boxes | "single_small" (LAST-ViT ImageNet filter)
+    pib_rule: str = "overlap"  # box -> patches: "overlap" (boxes_to_patch_mask) | "reference" (LaSt-ViT's)
+    interpolation: str = "bicubic"  # of the eval view's resize; PiB: "bilinear", as LaSt-ViT's T.Resize(256)
     fg_threshold: float = 0.5
     lost_features: str = "k"  # "k" (last-block keys, LOST default) | "patch" (last-block outputs)
     k_patches: int = 100
@@ -57,7 +60,7 @@ def batches(samples: Iterable[Sample], opts: Options, need_boxes: bool = False):
 
 
 def _stack(buf, opts):
-    xs, rcs = zip(*(eval_crop(s.image, opts.resize, opts.crop) for s in buf))
+    xs, rcs = zip(*(eval_crop(s.image, opts.resize, opts.crop, opts.interpolation) for s in buf))
     return buf, torch.stack(xs).to(opts.device), list(rcs)
 
 
@@ -94,7 +97,20 @@ def vis_lists(records: list[dict], num_vis: int) -> dict[str, list]:
 
 def run_local(extract: Callable, finish: Callable, model, samples: Iterable[Sample], run, opts: Options) -> dict:
     """Both stages in this process: the single-device ``make analyze``."""
-    return finish(model, collect(extract(model, samples, opts), opts.num_vis), run, opts)
+    with inference_autocast(opts.device):  # bf16 on CUDA (tokenmix/precision.py); records kept in fp32
+        records = collect((as_float(r) for r in extract(model, samples, opts)), opts.num_vis)
+    return finish(model, records, run, opts)
+
+
+def as_float(record):
+    """16-bit tensors of a record (bf16 under CUDA autocast) as fp32, nested dicts and lists included."""
+    if torch.is_tensor(record):
+        return record.float() if record.dtype in (torch.float16, torch.bfloat16) else record
+    if isinstance(record, dict):
+        return {k: as_float(v) for k, v in record.items()}
+    if isinstance(record, (list, tuple)):
+        return type(record)(as_float(v) for v in record)
+    return record
 
 
 # --------------------------------------------------------------------------- several processes
@@ -139,7 +155,8 @@ def _module(extract: Callable, model, dataset, n: int, opts: Options):
             self._local, self._opts = [], dataclasses.replace(opts, device=str(self.device))
 
         def predict_step(self, batch, batch_idx):
-            collect(extract(self.backbone, batch, self._opts), opts.num_vis, self._local)
+            with inference_autocast(self.device):
+                collect((as_float(r) for r in extract(self.backbone, batch, self._opts)), opts.num_vis, self._local)
 
         def on_predict_epoch_end(self):  # every rank: gather_object is a collective
             parts = [None] * self.trainer.world_size if self.global_rank == 0 else None

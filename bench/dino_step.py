@@ -1,5 +1,5 @@
-"""One DINO training step, images/s: the plain step written as main_dino.py vs DINOPretrainModule (eager and
-``compile=True``) under a real ``Trainer.fit``, for softmax and entmax-1.5, interleaved in one process.
+"""One DINO training step, images/s: the transcribed main_dino.py step (``bench.official_main_dino``) vs
+DINOPretrainModule (eager and ``compile=True``) under a real ``Trainer.fit``, softmax and entmax-1.5, interleaved.
 
 ``run(quick=False) -> {"rows": [...]}``. The issue's configuration: ViT-S/16, out_dim 65536, norm_last_layer
 false, drop path 0.1, batch 8 with 2 x 224 + 8 x 96 crops, fp32, torch's default threads. Every path gets the
@@ -25,13 +25,14 @@ import json
 import statistics
 import threading
 import time
+from functools import partial
 
 import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
+from bench import official_main_dino, official_vit
 from lightning_modules.dino_module import DINOPretrainModule
-from lightning_modules.schedules import cancel_gradients_last_layer, clip_gradients, get_params_groups
 
 FULL = dict(arch="vit_small_patch16", out_dim=65536, batch=8, global_size=224, local_size=96, n_local=8,
             warmup=2, rounds=5, compile=True)
@@ -84,36 +85,56 @@ def first_step(paths: dict) -> dict:
     return losses
 
 
-class PlainStep:
-    """The main_dino.py train_one_epoch body: for-loop AdamW, per-parameter clipping and EMA loops."""
+def official_pair(module: DINOPretrainModule, variant: str):
+    """(student, teacher) of the transcribed main_dino.py (``bench.official_main_dino``) shaped as ``module``'s
+    and starting from its student's weights (strict load: the same parameter names). entmax: the official
+    ``Attention``'s softmax replaced by the ``entmax`` library's ``entmax15`` (the official code has no entmax)."""
+    hp, bb = module.hparams, module.student.backbone
+    vit = dict(arch="custom", patch_size=bb.patch_size, embed_dim=bb.embed_dim, depth=len(bb.blocks),
+               num_heads=bb.blocks[0].attn.num_heads, mlp_ratio=4, qkv_bias=True, img_size=[bb.patch_embed.img_size[0]],
+               norm_layer=partial(torch.nn.LayerNorm, eps=1e-6))
+    student, teacher = official_main_dino.build_student_teacher(
+        out_dim=hp.out_dim, drop_path_rate=hp.backbone.get("drop_path_rate", 0.1), use_bn_in_head=hp.use_bn_in_head,
+        norm_last_layer=hp.norm_last_layer, head_kwargs=dict(nlayers=hp.head_nlayers, hidden_dim=hp.head_hidden_dim,
+                                                             bottleneck_dim=hp.head_bottleneck_dim), **vit)
+    student.load_state_dict(module.student.state_dict())
+    teacher.load_state_dict(student.state_dict())
+    if variant == "entmax":
+        import entmax
+        for m in list(student.modules()) + list(teacher.modules()):
+            if isinstance(m, official_vit.Attention):
+                m.normalize = lambda a: entmax.entmax15(a, dim=-1)
+    elif variant != "softmax":
+        raise ValueError(f"the plain step has softmax and entmax only, not {variant!r}")
+    return student, teacher
 
-    def __init__(self, s: dict, variant: str, device: torch.device | str = "cpu"):
-        m = make_module(s, variant, linear_backend="aten").to(device)  # torch's own GEMMs, as main_dino.py
-        self.student, self.teacher, self.dino_loss, self.hp = m.student, m.teacher, m.dino_loss, m.hparams
-        self.optimizer = torch.optim.AdamW(get_params_groups(self.student), foreach=False)
-        self.images = make_batch(s, device)[0]
+
+class PlainStep:
+    """The transcribed main_dino.py ``train_one_epoch`` iteration (``bench.official_main_dino``): the official
+    ViT, head, loss, for-loop AdamW, per-parameter clipping and EMA loop; no project code on the step's path.
+    ``precision``: "32-true", "bf16-mixed" (autocast) or "16-mixed" (autocast + GradScaler, main_dino.py's
+    ``--use_fp16``)."""
+
+    def __init__(self, s: dict, variant: str, device: torch.device | str = "cpu", precision: str = "32-true",
+                 images=None):
+        m = make_module(s, variant)
+        self.student, self.teacher = (x.to(device) for x in official_pair(m, variant))
+        hp = m.hparams
+        self.dino_loss = official_main_dino.DINOLoss(hp.out_dim, 2 + s["n_local"], hp.warmup_teacher_temp,
+                                                     hp.teacher_temp, hp.warmup_teacher_temp_epochs,
+                                                     hp.epochs).to(device)
+        self.clip, self.freeze = hp.clip_grad, hp.freeze_last_layer
+        self.optimizer = torch.optim.AdamW(official_vit.get_params_groups(self.student), foreach=False)
+        self.amp = {"32-true": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}[precision]
+        self.scaler = torch.amp.GradScaler(torch.device(device).type) if precision == "16-mixed" else None
+        self.images = images if images is not None else make_batch(s, device)[0]
         self.student.train()
 
     def __call__(self) -> float:
-        lr, wd, m, epoch = 1e-5, 0.04, 0.996, 0
-        for i, param_group in enumerate(self.optimizer.param_groups):
-            param_group["lr"] = lr
-            if i == 0:
-                param_group["weight_decay"] = wd
-        teacher_output = self.teacher(self.images[:2])
-        student_output = self.student(self.images)
-        loss = self.dino_loss(student_output, teacher_output, epoch)
-        if not torch.isfinite(loss).item():
-            raise RuntimeError("non-finite loss")
-        self.optimizer.zero_grad()
-        loss.backward()
-        clip_gradients(self.student, self.hp.clip_grad)
-        cancel_gradients_last_layer(epoch, self.student, self.hp.freeze_last_layer)
-        self.optimizer.step()
-        with torch.no_grad():
-            for param_q, param_k in zip(self.student.parameters(), self.teacher.parameters()):
-                param_k.data.mul_(m).add_((1 - m) * param_q.detach().data)
-        return loss.item()
+        return official_main_dino.train_step(self.student, self.teacher, self.dino_loss, self.images,
+                                             self.optimizer, lr=1e-5, wd=0.04, m=0.996, epoch=0,
+                                             fp16_scaler=self.scaler, clip_grad=self.clip,
+                                             freeze_last_layer=self.freeze, autocast_dtype=self.amp)
 
 
 class _Data(pl.LightningDataModule):
@@ -138,15 +159,18 @@ class _Gate(pl.Callback):
 class LightningStep:
     """DINOPretrainModule under Trainer.fit in a helper thread; each call lets it run exactly one more step."""
 
-    def __init__(self, s: dict, variant: str, compile: bool, steps: int, device: torch.device | str = "cpu"):
+    def __init__(self, s: dict, variant: str, compile: bool, steps: int, device: torch.device | str = "cpu",
+                 precision: str = "32-true", batch=None):
+        """``batch``: default ``make_batch(s)`` on the CPU (moved by Lightning each step); a batch already on the
+        device makes that move a no-op (gpu-check's compute ceiling)."""
         self.module = make_module(s, variant, compile)
         self.student = self.module.student
         self.gate = _Gate()
         trainer = pl.Trainer(max_epochs=self.module.hparams.epochs, max_steps=steps,
                              accelerator=torch.device(device).type, devices=1, logger=False,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                             callbacks=[self.gate], num_sanity_val_steps=0)
-        data = _Data(make_batch(s), steps)
+                             callbacks=[self.gate], num_sanity_val_steps=0, precision=precision)
+        data = _Data(batch if batch is not None else make_batch(s), steps)
 
         def fit():
             try:

@@ -92,8 +92,10 @@ class MultiCropWrapper(nn.Module):
     def forward(self, x: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
         if not isinstance(x, (list, tuple)):
             x = [x]
-        sizes = torch.tensor([inp.shape[-1] for inp in x])
-        ends = torch.cumsum(torch.unique_consecutive(sizes, return_counts=True)[1], 0).tolist()
+        # ends of the runs of equal width (official: cumsum(unique_consecutive(...)) on a host tensor; plain Python
+        # here, the same indices without a tensor, so a fake-CUDA trace has no host value to read)
+        sizes = [inp.shape[-1] for inp in x]
+        ends = [i + 1 for i in range(len(sizes)) if i + 1 == len(sizes) or sizes[i + 1] != sizes[i]]
         outs, start = [], 0
         for end in ends:
             out = self.backbone(torch.cat(list(x[start:end])))

@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from datamodules.datamodule_base import shard_indices
 from datamodules.transforms.views import normalize
+from tokenmix.precision import inference_autocast
 
 
 @dataclass
@@ -61,12 +62,14 @@ class FrozenFeatures(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = normalize_images(images)
         bb, spec = self.backbone, self.spec
-        if getattr(bb, "depth", 1) == 1:
-            outs = bb.extract(x, n_last_blocks=1)
-        elif spec.blocks is not None:
-            outs = bb.extract(x, blocks=list(spec.blocks))
-        else:
-            outs = bb.extract(x, n_last_blocks=spec.n_last_blocks)
+        with inference_autocast(x.device):  # bf16 on CUDA (tokenmix/precision.py); the features leave as fp32
+            if getattr(bb, "depth", 1) == 1:
+                outs = bb.extract(x, n_last_blocks=1)
+            elif spec.blocks is not None:
+                outs = bb.extract(x, blocks=list(spec.blocks))
+            else:
+                outs = bb.extract(x, n_last_blocks=spec.n_last_blocks)
+        outs = [{k: v.float() if torch.is_tensor(v) else v for k, v in o.items()} for o in outs]
         if spec.kind == "cls":
             return torch.cat([o["cls"] for o in outs], dim=-1)
         h, w = bb.grid_size(x)

@@ -1,133 +1,22 @@
 """An official DINO training checkpoint (``main_dino.py``'s ``checkpoint.pth``) loads with weights_only=True.
 
-The official ViT, head and wrapper are transcribed below from facebookresearch/dino (``vision_transformer.py``:
-Mlp, Attention, Block, PatchEmbed, VisionTransformer, vit_small, DINOHead; ``utils.py``: MultiCropWrapper,
-get_params_groups), without drop path / dropout (zero at evaluation). The checkpoint is saved with the keys and
-objects of ``main_dino.py``: student under DDP (``module.`` prefixes), teacher plain, the optimiser state of the
+The official ViT, head and wrapper are the transcription of facebookresearch/dino in ``bench/official_vit.py``
+(``vision_transformer.py``: vit_small, DINOHead; ``utils.py``: MultiCropWrapper); drop path / dropout are zero.
+The checkpoint is saved with the keys and objects of ``main_dino.py``: student under DDP (``module.`` prefixes), teacher plain, the optimiser state of the
 student's two parameter groups (``--optimizer sgd``, the lighter of DINO's options), epoch, ``args`` as an ``argparse.Namespace`` and the ``dino_loss`` center.
 """
 import argparse
 import datetime
 import pickle
-from functools import partial
 
 import pytest
 import torch
-from torch import nn
 
 import backbones
-from helpers.official_dino_utils import get_params_groups
+from bench.official_vit import DINOHead, MultiCropWrapper, get_params_groups, vit_small
 from tokenmix.io import CheckpointError, safe_torch_load
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")  # DINO's own (old) weight-norm API
-
-# --------------------------------------------------------------------------- facebookresearch/dino, transcribed
-
-
-class Mlp(nn.Module):
-    def __init__(self, in_features, hidden_features):
-        super().__init__()
-        self.fc1 = nn.Linear(in_features, hidden_features)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden_features, in_features)
-
-    def forward(self, x):
-        return self.fc2(self.act(self.fc1(x)))
-
-
-class Attention(nn.Module):
-    def __init__(self, dim, num_heads=8, qkv_bias=False):
-        super().__init__()
-        self.num_heads = num_heads
-        self.scale = (dim // num_heads) ** -0.5
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x):
-        B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv[0], qkv[1], qkv[2]
-        attn = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
-        return self.proj((attn @ v).transpose(1, 2).reshape(B, N, C))
-
-
-class Block(nn.Module):
-    def __init__(self, dim, num_heads, mlp_ratio=4., qkv_bias=False, norm_layer=nn.LayerNorm):
-        super().__init__()
-        self.norm1 = norm_layer(dim)
-        self.attn = Attention(dim, num_heads=num_heads, qkv_bias=qkv_bias)
-        self.norm2 = norm_layer(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio))
-
-    def forward(self, x):
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-
-class PatchEmbed(nn.Module):
-    def __init__(self, img_size=224, patch_size=16, in_chans=3, embed_dim=768):
-        super().__init__()
-        self.num_patches = (img_size // patch_size) * (img_size // patch_size)
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
-
-    def forward(self, x):
-        return self.proj(x).flatten(2).transpose(1, 2)
-
-
-class VisionTransformer(nn.Module):
-    def __init__(self, img_size=(224,), patch_size=16, embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.,
-                 qkv_bias=False, norm_layer=nn.LayerNorm):
-        super().__init__()
-        self.num_features = self.embed_dim = embed_dim
-        self.patch_embed = PatchEmbed(img_size=img_size[0], patch_size=patch_size, embed_dim=embed_dim)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, embed_dim))
-        self.blocks = nn.ModuleList([Block(embed_dim, num_heads, mlp_ratio, qkv_bias, norm_layer)
-                                     for _ in range(depth)])
-        self.norm = norm_layer(embed_dim)
-        self.head = nn.Identity()
-        nn.init.trunc_normal_(self.pos_embed, std=.02)
-        nn.init.trunc_normal_(self.cls_token, std=.02)
-        self.apply(self._init_weights)
-
-    def _init_weights(self, m):
-        if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=.02)
-            if m.bias is not None:
-                nn.init.constant_(m.bias, 0)
-
-    def forward(self, x):  # 224 px input: the position embeddings need no interpolation
-        x = self.patch_embed(x)
-        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1) + self.pos_embed
-        for blk in self.blocks:
-            x = blk(x)
-        return self.norm(x)[:, 0]
-
-
-def vit_small(patch_size=16):
-    return VisionTransformer(patch_size=patch_size, embed_dim=384, depth=12, num_heads=6, mlp_ratio=4,
-                             qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6))
-
-
-class DINOHead(nn.Module):
-    def __init__(self, in_dim, out_dim, nlayers=3, hidden_dim=2048, bottleneck_dim=256):
-        super().__init__()
-        layers = [nn.Linear(in_dim, hidden_dim), nn.GELU()]
-        for _ in range(nlayers - 2):
-            layers += [nn.Linear(hidden_dim, hidden_dim), nn.GELU()]
-        layers.append(nn.Linear(hidden_dim, bottleneck_dim))
-        self.mlp = nn.Sequential(*layers)
-        self.last_layer = nn.utils.weight_norm(nn.Linear(bottleneck_dim, out_dim, bias=False))
-        self.last_layer.weight_g.data.fill_(1)
-
-
-class MultiCropWrapper(nn.Module):
-    def __init__(self, backbone, head):
-        super().__init__()
-        backbone.fc, backbone.head = nn.Identity(), nn.Identity()
-        self.backbone = backbone
-        self.head = head
-
 
 # --------------------------------------------------------------------------- the checkpoint, as main_dino.py saves it
 
