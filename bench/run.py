@@ -3,6 +3,7 @@
 Comparisons (a module ``bench/<name>.py`` with ``run(quick: bool = False) -> {"rows": [...]}``):
   attention    sparse attention (entmax-1.5, sparsemax) vs fused softmax: ViT fwd+bwd, op, peak memory
   multicrop    multi-crop uint8 pipeline vs PIL, images/s
+  multicrop_batched  data.augment_on: decode-only vs full CPU workers (img/s per core), the batched augmentation
   probe_cache  probe epoch 1 vs later epochs
   dino_step    one DINO training step: plain main_dino.py-style loop vs DINOPretrainModule eager / compiled
 A missing module is skipped with a note. ``--quick`` uses tiny sizes (smoke test). On a GPU machine the
@@ -23,7 +24,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-COMPARISONS = ("attention", "multicrop", "probe_cache", "dino_step")
+COMPARISONS = ("attention", "multicrop", "multicrop_batched", "probe_cache", "dino_step")
 DEFAULT_OUT = REPO / "bench" / "results.json"
 _MARK = "@@tokenmix-bench@@"
 _CHILD = ("import json, sys; from bench import {name} as m; "

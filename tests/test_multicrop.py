@@ -13,6 +13,7 @@ from torchvision.transforms import Compose, InterpolationMode, RandomApply, Rand
 from bench import pil_multicrop
 from bench.pil_multicrop import DinoPILMultiCrop
 from datamodules.transforms import multicrop as mc
+from datamodules.transforms.batched import BatchedMultiCrop, collate_decoded, pack_params, unpack_params
 from datamodules.transforms.multicrop import (CropParams, MultiCropConfig, MultiCropTransform, make_config,
                                               sample_crop_box, sample_params)
 
@@ -114,14 +115,26 @@ def test_crop_box_fallback_matches_torchvision():
     assert box == tuple(ref) == (0, 93, 10, 13)
 
 
-def test_random_choice_statistics_official():
+PATHS = ("cpu", "gpu")  # data.augment_on: crops made in the worker / in batch after the transfer (batched.py)
+
+
+def drawn_params(path: str, t: MultiCropTransform, h: int, w: int, g: torch.Generator) -> list[CropParams]:
+    """A sample's crops as each path's worker hands them on: cpu = ``plan`` (what ``__call__`` applies), gpu =
+    the packed rows of ``DecodedMultiCropDataset`` read back the way ``BatchedMultiCrop`` reads them."""
+    _, ps = t.plan(torch.zeros(3, h, w, dtype=torch.uint8), g)
+    return unpack_params(pack_params(ps), t.cfg) if path == "gpu" else ps
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_random_choice_statistics_official(path, one_thread):
     cfg = make_config("official", n_local=4)
+    t = MultiCropTransform(cfg)
     g = torch.Generator().manual_seed(0)
     n = 1500
     stats = {k: np.zeros((n, 3)) for k in ("blur", "solarize", "flip", "gray", "jitter")}
     sigmas, factors = [], []
     for s in range(n):
-        ps = sample_params(cfg, 64, 64, g)
+        ps = drawn_params(path, t, 64, 64, g)
         assert [p.kind for p in ps] == ["global1", "global2"] + ["local"] * 4
         assert [p.size for p in ps] == [224, 224] + [96] * 4
         for p in ps:
@@ -155,6 +168,52 @@ def test_random_choice_statistics_official():
     lo, hi = factors.min(0), factors.max(0)
     assert np.all(lo >= [0.6, 0.6, 0.8, -0.1]) and np.all(hi <= [1.4, 1.4, 1.2, 0.1])
     assert np.all(hi - lo > [0.75, 0.75, 0.35, 0.18])  # the whole range is used
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: small ops on a busy 2-core machine run ~10x slower with two spinning threads."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+GREY_CFG = dict(global_size=24, local_size=12, n_local=4)
+GREY_N = 150  # images: 900 crops, standard error 0.013 around the official 0.2
+
+
+def grey_rate(crops, cfg) -> float:
+    """Share of the (normalised) crops whose three channels are equal."""
+    mean, std = torch.tensor(cfg.mean).view(3, 1, 1), torch.tensor(cfg.std).view(3, 1, 1)
+    levels = [c * std + mean for c in crops]
+    return float(np.mean([float((x[0] - x[1]).abs().max() + (x[1] - x[2]).abs().max()) < 1e-4 for x in levels]))
+
+
+@pytest.fixture(scope="module")
+def pil_grey_rate():  # PIL is single-threaded
+    cfg = make_config("official", **GREY_CFG)
+    pil, img = DinoPILMultiCrop(cfg), Image.fromarray(scene(48, 64, seed=8))
+    torch.manual_seed(0)
+    return grey_rate([c for _ in range(GREY_N) for c in pil(img)], cfg)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_applied_grayscale_rate_matches_the_pil_recipe(path, pil_grey_rate, one_thread):
+    """Read off the output crops (grey = equal channels): the path's rate and the PIL reference's are both the
+    official 0.2."""
+    cfg = make_config("official", **GREY_CFG)
+    t, img = MultiCropTransform(cfg), as_tensor(scene(48, 64, seed=8))
+    gens = [torch.Generator().manual_seed(i) for i in range(GREY_N)]
+    if path == "cpu":
+        crops = [c for g in gens for c in t(img, generator=g)]
+    else:
+        samples = [(im, pack_params(ps), 0) for im, ps in (t.plan(img, g) for g in gens)]
+        out = BatchedMultiCrop(cfg)(collate_decoded(samples))
+        crops = [c for k in range(cfg.n_crops) for c in out[k]]
+    sd = math.sqrt(0.2 * 0.8 / (GREY_N * cfg.n_crops))
+    got = grey_rate(crops, cfg)
+    assert abs(got - 0.2) <= 4 * sd and abs(pil_grey_rate - 0.2) <= 4 * sd, (got, pil_grey_rate)
 
 
 def test_demo_preset_keeps_colour_cues():

@@ -68,9 +68,14 @@ class MultiCropTransform:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.cfg})"
 
-    def __call__(self, img, generator: torch.Generator | None = None) -> list[torch.Tensor]:
+    def plan(self, img, generator: torch.Generator | None = None) -> tuple[torch.Tensor, list[CropParams]]:
+        """The decode-side half: the uint8 (3, H, W) image and every crop's parameters, drawn from ``generator``
+        as ``__call__`` draws them. The batched path (``batched.py``, ``data.augment_on=gpu``) applies them."""
         img = _to_uint8_chw(img)
-        params = sample_params(self.cfg, img.shape[-2], img.shape[-1], generator)
+        return img, sample_params(self.cfg, img.shape[-2], img.shape[-1], generator)
+
+    def __call__(self, img, generator: torch.Generator | None = None) -> list[torch.Tensor]:
+        img, params = self.plan(img, generator)
         img = _channels_last(img)  # once per image, for the fast uint8 resize of every crop
         return [self.apply(img, p) for p in params]
 

@@ -56,14 +56,15 @@ def gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
 _HUE_OFFSETS = torch.tensor([5.0, 3.0, 1.0]).view(3, 1, 1)
 
 
-def adjust_hue(x: torch.Tensor, hue_factor: float) -> torch.Tensor:
-    """HSV hue rotation of a float RGB (3, H, W) tensor in [0, 1] (same result as ``F.adjust_hue``).
+def adjust_hue(x: torch.Tensor, hue_factor: float | torch.Tensor) -> torch.Tensor:
+    """HSV hue rotation of a float RGB (..., 3, H, W) tensor in [0, 1] (same result as ``F.adjust_hue``), on
+    the tensor's device; ``hue_factor`` a float or a tensor broadcasting against (..., 1, H, W) (one per crop).
 
     Rotating hue keeps V = max and chroma C = max - min, so RGB is rebuilt directly from (h, V, C) with
     in-place arithmetic (no where/remainder: ~10x slower than plain arithmetic on CPU): about 2x faster
     than the generic RGB -> HSV -> RGB round trip.
     """
-    if hue_factor == 0.0:
+    if not torch.is_tensor(hue_factor) and hue_factor == 0.0:
         return x
     v, idx = x.max(-3, keepdim=True)  # idx: the max channel (ties give the same hue either way)
     c = v - x.amin(-3, keepdim=True)
@@ -74,7 +75,7 @@ def adjust_hue(x: torch.Tensor, hue_factor: float) -> torch.Tensor:
     h.sub_(torch.floor(h / 6.0).mul_(6.0))  # wrap to [0, 6)
     # channel = V - C * ramp((n + h) mod 6), n = 5, 3, 1 for r, g, b; ramp(k) = clamp(min(k, 4-k), 0, 1).
     # For k = n + h in [1, 11) that is clamp(2 - ||k - 5| - 3|, 0, 1): both periods at once, no mod.
-    ramp = (h + _HUE_OFFSETS).sub_(5.0).abs_().sub_(3.0).abs_().neg_().add_(2.0).clamp_(0.0, 1.0)
+    ramp = (h + _HUE_OFFSETS.to(x.device)).sub_(5.0).abs_().sub_(3.0).abs_().neg_().add_(2.0).clamp_(0.0, 1.0)
     return v - c * ramp
 
 
