@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ResizeCrop", "resize_crop_params", "map_boxes", "boxes_to_patch_mask", "box_iou", "box_area"]
+__all__ = ["ResizeCrop", "resize_crop_params", "map_boxes", "boxes_to_patch_mask", "reference_patch_mask",
+           "box_iou", "box_area"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,28 @@ def boxes_to_patch_mask(boxes: torch.Tensor, grid: tuple[int, int], patch_size: 
         cols = (edges_x < x1) & (edges_x + p > x0) & (x1 > x0)
         rows = (edges_y < y1) & (edges_y + p > y0) & (y1 > y0)
         mask |= rows[:, None] & cols[None, :]
+    return mask.flatten()
+
+
+def reference_patch_mask(boxes: torch.Tensor, w: int, h: int, resize: int = 256, crop: int = 224,
+                         patch_size: int = 16) -> torch.Tensor:
+    """(n*n,) bool: the union over ``boxes`` (K, 4, original pixels) of LaSt-ViT's ``bbox_to_patch_set``
+    (``visualization/evaluate_patch_hit.py``), with its own arithmetic rather than torchvision's: resized sizes
+    truncated by ``int()``, crop offsets floor-halved, box corners clamped to [0, crop] (a box the crop removes
+    still selects the border patches it is clamped onto), and every patch from the one holding the min corner
+    to the one holding the max corner (a box ending exactly on a patch edge takes the next patch too).
+    ``--pib-rule reference``; the default is ``boxes_to_patch_mask`` (positive overlap after torchvision's
+    exact resize and crop), see README's deviations."""
+    n = crop // patch_size
+    scale = float(resize) / min(w, h)
+    left, top = (int(w * scale) - crop) // 2, (int(h * scale) - crop) // 2
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for x0, y0, x1, y1 in torch.as_tensor(boxes, dtype=torch.float64).reshape(-1, 4).tolist():
+        c = [min(max(v, 0.0), float(crop)) for v in (x0 * scale - left, y0 * scale - top,
+                                                   x1 * scale - left, y1 * scale - top)]
+        cols = slice(int(c[0] // patch_size), min(int(c[2] // patch_size) + 1, n))
+        rows = slice(int(c[1] // patch_size), min(int(c[3] // patch_size) + 1, n))
+        mask[rows, cols] = True
     return mask.flatten()
 
 

@@ -2,7 +2,8 @@
 
 Two image pipelines:
   * ``eval_crop``: Resize(short side -> resize, bicubic) + CenterCrop(crop) + ImageNet normalisation: the
-    LAST-ViT / DINO evaluation view (PiB, PCA, norms, attention); boxes follow through ``analysis.boxes``;
+    DINO evaluation view (PCA, norms, attention); PiB resizes bilinear as LaSt-ViT's ``T.Resize(256)``; boxes
+    follow through ``analysis.boxes``;
   * ``full_res``: the whole image, normalised, zero-padded bottom/right to a multiple of the patch size (LOST).
 """
 from __future__ import annotations
@@ -18,10 +19,22 @@ from datamodules.transforms.views import eval_view, normalize
 
 from .boxes import ResizeCrop, map_boxes, resize_crop_params
 
-def eval_crop(img: torch.Tensor, resize: int, crop: int) -> tuple[torch.Tensor, ResizeCrop]:
-    """uint8 (3, H, W) -> normalised (3, crop, crop) and the geometry that maps boxes the same way."""
+def eval_crop(img: torch.Tensor, resize: int, crop: int,
+              interpolation: str = "bicubic") -> tuple[torch.Tensor, ResizeCrop]:
+    """uint8 (3, H, W) -> normalised (3, crop, crop) and the geometry that maps boxes the same way.
+    ``interpolation="bilinear"``: torchvision's ``Resize(resize)`` default, LaSt-ViT's PiB view (its
+    ``visualization/`` scripts); ``bicubic``: DINO's evaluation view (``eval_view``)."""
     H, W = img.shape[-2:]
-    return normalize(eval_view(img, crop, resize)), resize_crop_params(W, H, resize, crop)
+    if interpolation == "bilinear":
+        import torchvision.transforms.functional as TF
+        view = TF.resize(img, [int(resize)], interpolation=TF.InterpolationMode.BILINEAR, antialias=True) \
+            if min(H, W) != int(resize) else img
+        view = TF.center_crop(view, [crop, crop])
+    elif interpolation == "bicubic":
+        view = eval_view(img, crop, resize)
+    else:
+        raise ValueError(f"interpolation must be bicubic or bilinear, got {interpolation!r}")
+    return normalize(view), resize_crop_params(W, H, resize, crop)
 
 
 def full_res(img: torch.Tensor, patch_size: int) -> torch.Tensor:
@@ -42,13 +55,15 @@ class Sample:
 def open_dataset(data: str, data_root: str | None, split: str, boxes: bool, **kw):
     """Split ``split`` of the dataset behind DATA/DATA_ROOT, items as stored (plus "index"), opened by the same
     DataModule layer as the probes (``datamodules.resolve_data`` + ``DataModuleBase``). DATA=demo -> the generated
-    demo VOC (with boxes), in DATA_ROOT when given, else data/demo. A map-style Dataset."""
+    demo VOC (with boxes), in DATA_ROOT when given, else data/demo. DATA=folder: any folder of images, with boxes
+    from its Annotations/ (VOC-style XML) or instances.json (COCO) when the analysis needs them. A map-style
+    Dataset."""
     from datamodules import resolve_data
     from datamodules.datamodule_base import DataModuleBase
 
     name, root = resolve_data(data, data_root, "demo_voc")
     opts = dict(kw)
-    if boxes and name.startswith(("voc", "demo_voc")):
+    if boxes and name.startswith(("voc", "demo_voc", "folder")):  # folder: Annotations/*.xml or COCO json
         opts.setdefault("boxes", True)
     if boxes and name == "imagenet":
         opts.setdefault("boxes", "auto")

@@ -11,10 +11,14 @@ from pathlib import Path
 from .ade20k import ADE20KDataset
 from .base import IGNORE_INDEX, BaseDataset
 from .cityscapes import CityscapesDataset
+from .custom_depth import CustomDepthDataset
+from .custom_seg import CustomSegDataset
 from .demo.layouts import seg_palette
 from .demo.scenes import SEG_CLASSES
 from .errors import (CorruptFileError, DatasetError, DepthFormatError, EmptyDatasetError, LabelRangeError,
                      MissingDataError, SampleError, SizeMismatchError, SplitFileError, UnknownDatasetError)
+from .folder import FolderDataset
+from .imagefolder import ImageFolderDataset
 from .imagenet import ImageNetDataset
 from .kitti import KITTIDataset
 from .nyuv2 import NYUv2Dataset
@@ -48,11 +52,15 @@ DATASETS: dict[str, type[BaseDataset]] = {
     "ade20k": ADE20KDataset,
     "cityscapes": CityscapesDataset, "nyuv2": NYUv2Dataset, "sunrgbd": SUNRGBDDataset, "kitti": KITTIDataset,
     "demo_cls": DemoClsDataset, "demo_voc": DemoVOCDataset, "demo_nyu": DemoNYUDataset,
+    # your own data (docs/data.md "Your own data")
+    "folder": FolderDataset, "imagefolder": ImageFolderDataset, "custom_seg": CustomSegDataset,
+    "custom_depth": CustomDepthDataset,
 }
 ALIASES = {"voc2007": "voc07", "nyu": "nyuv2", "ade": "ade20k", "sun": "sunrgbd", "in1k": "imagenet"}
 DATASET_NAMES = tuple(DATASETS)
 # depth benchmarks only have a test split: a probe asking for "val" gets it
-SPLIT_ALIASES = {"nyuv2": {"val": "test"}, "demo_nyu": {"val": "test"}, "kitti": {"val": "test"}}
+SPLIT_ALIASES = {"nyuv2": {"val": "test"}, "demo_nyu": {"val": "test"}, "kitti": {"val": "test"},
+                 "custom_depth": {"test": "val"}, "custom_seg": {"test": "val"}}
 _DEMO_SUBDIR = {"demo_cls": "imagefolder", "demo_voc": "", "demo_nyu": "nyu"}
 
 
@@ -117,6 +125,7 @@ def build_dataset(name: str, root, split: str, transform=None, **kw) -> BaseData
 __all__ = ["build_dataset", "resolve_data", "canonical_name", "DATASETS", "DATASET_NAMES", "IGNORE_INDEX",
            "BaseDataset", "ImageNetDataset", "VOCDataset", "VOC07Dataset", "VOCAugDataset", "ADE20KDataset",
            "CityscapesDataset", "NYUv2Dataset",
-           "SUNRGBDDataset", "KITTIDataset", "DatasetError", "UnknownDatasetError", "MissingDataError",
+           "SUNRGBDDataset", "KITTIDataset", "FolderDataset", "ImageFolderDataset", "CustomSegDataset",
+           "CustomDepthDataset", "DatasetError", "UnknownDatasetError", "MissingDataError",
            "SplitFileError", "EmptyDatasetError", "SampleError", "CorruptFileError", "LabelRangeError",
            "SizeMismatchError", "DepthFormatError"]

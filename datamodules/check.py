@@ -18,12 +18,15 @@ from . import DATASETS, build_dataset, canonical_name
 from .errors import DatasetError, SampleError
 
 # task names of the probes / analyses -> dataset
-TASK_ALIASES = {"knn": "imagenet", "pib": "imagenet", "corloc": "voc"}
+TASK_ALIASES = {"knn": "imagenet", "pib": "imagenet", "corloc": "voc", "seg": "custom_seg", "depth": "custom_depth"}
 CHECK_SPLITS = {"imagenet": ("train", "val"), "voc": ("train", "val"), "voc07": ("trainval",),
                 "voc_aug": ("train", "val"),
                 "ade20k": ("train", "val"), "cityscapes": ("train", "val"), "nyuv2": ("train", "test"),
                 "sunrgbd": ("test",), "kitti": ("test",), "demo_cls": ("train", "val"),
-                "demo_voc": ("train", "val"), "demo_nyu": ("train", "test")}
+                "demo_voc": ("train", "val"), "demo_nyu": ("train", "test"),
+                "folder": ("train",), "imagefolder": ("train", "val"), "custom_seg": ("train", "val"),
+                "custom_depth": ("train", "val")}
+CUSTOM = ("custom_seg", "custom_depth")  # opened without the up-front validation: every bad file gets listed
 
 
 def _check_one(ds, rec) -> tuple[str, str] | None:
@@ -35,7 +38,7 @@ def _check_one(ds, rec) -> tuple[str, str] | None:
         return str(ds.files(rec)[0]), f"{type(e).__name__}: {e}"
     if "depth" in item:
         from .transforms.depth import depth_config
-        _, lo, hi, _ = depth_config(ds.name)
+        lo, hi = ds.eval_settings()[:2] if hasattr(ds, "eval_settings") else depth_config(ds.name)[1:3]
         d = item["depth"].numpy()
         if not np.any((d > lo) & (d < hi)):
             return str(rec["depth"]), (f"{rec['depth']}: no depth value inside ({lo}, {hi}) m (all zero or out of "
@@ -74,6 +77,10 @@ def _parse_args(argv) -> argparse.Namespace:
 
 def _open_split(name: str, split: str, args):
     extra = {"split_file": args.split_file} if args.split_file else {}
+    if name in CUSTOM:
+        extra["validate"] = False
+    if name == "folder":
+        extra = {"file_list": args.split_file, "max_corrupt": 1.0}  # a --split-file is the folder's file list
     if name in ("voc", "demo_voc"):
         ds0 = build_dataset(name, args.data_root, split, **extra)
         if (ds0.voc / "Annotations").is_dir():

@@ -1,4 +1,4 @@
-"""Monocular-depth DataModule (nyuv2, sunrgbd, kitti, demo_nyu); depth in metres, 0 = unknown."""
+"""Monocular-depth DataModule (nyuv2, sunrgbd, kitti, custom_depth, demo_nyu); depth in metres, 0 = unknown."""
 from __future__ import annotations
 
 from .datamodule_base import DenseDataModule
@@ -15,7 +15,8 @@ class DepthDataModule(DenseDataModule):
                  train_data: str | None = None, train_root: str | None = None, **kw):
         self.train_data, self.train_root = train_data, train_root
         super().__init__(data, data_root, val_split=val_split, **kw)
-        depth_config(self.data if not self.data.startswith("demo") else "demo_nyu")  # fail early on a non-depth name
+        if self.data != "custom_depth":  # custom_depth carries its own settings (datamodules/custom_depth.py)
+            depth_config(self.data if not self.data.startswith("demo") else "demo_nyu")  # a non-depth name fails now
 
     def _build(self, split, train=False):
         if train and self.train_data:
@@ -26,4 +27,10 @@ class DepthDataModule(DenseDataModule):
 
     def eval_mask(self, depth):
         from .transforms import eval_depth_mask
+        if self.data == "custom_depth":
+            self.setup("validate")
+            lo, hi, crop, _ = self.val_set.eval_settings()
+            H, W = depth.shape[-2:]
+            inside = (depth > lo) & (depth < hi)
+            return inside if crop is None else inside & crop(H, W).to(depth.device)
         return eval_depth_mask(self.data, depth)

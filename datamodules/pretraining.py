@@ -18,14 +18,19 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from datamodules.transforms.batched import BatchedMultiCrop, DecodedBatch, collate_decoded, pack_params
 from datamodules.transforms.multicrop import MultiCropTransform, make_config, sample_generator
 from datamodules.transforms.views import eval_resize, eval_view, normalize
 
 DEMO = "demo"
+AUGMENT_ON = ("auto", "gpu", "cpu")
+FOLDER = "folder"  # any folder of images, no labels (datamodules/folder.py)
 
 
-def load_split(data: str, data_root: str, split: str) -> Dataset:
-    """Dict-item dataset (uint8 "image" (3,H,W), int "label") for ``data`` in {demo, <registered name>}."""
+def load_split(data: str, data_root: str, split: str, unlabeled: bool = False, **folder) -> Dataset:
+    """Dict-item dataset (uint8 "image" (3,H,W), int "label") for ``data`` in {demo, folder, <registered name>}.
+    ``unlabeled``: a dataset without labels (folder, segmentation, depth) is accepted, its items labelled -1.
+    ``folder``: the options of DATA=folder (file_list, verify, max_corrupt, index_dir: ``open_folder``)."""
     if data == DEMO:
         from datamodules.demo import ensure_demo_data
         from datamodules.imagenet import ImageNetDataset  # the demo data is an ImageFolder of PNGs
@@ -35,10 +40,37 @@ def load_split(data: str, data_root: str, split: str) -> Dataset:
         from datamodules.errors import MissingDataError
         raise MissingDataError(
             f"DATA={data} needs DATA_ROOT=<folder holding the dataset>; for imagenet that is the ImageFolder root "
-            "with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG (see docs/pretraining.md). Use DATA=demo for the "
-            "built-in demo data.")
+            "with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG, for folder any folder of images (see docs/data.md). "
+            "Use DATA=demo for the built-in demo data.")
+    if data == FOLDER:
+        return open_folder(data_root, **folder)
     from datamodules import build_dataset
-    return build_dataset(data, data_root, split)
+    from datamodules.imagenet import ImageNetDataset
+    ds = build_dataset(data, data_root, split)
+    return Unlabeled(ds) if unlabeled and not isinstance(ds, ImageNetDataset) else ds
+
+
+def open_folder(data_root: str, file_list: Optional[str] = None, verify: bool = False, max_corrupt: float = 0.01,
+                index_dir: str = "") -> Dataset:
+    """DATA=folder: rank 0 (the launching process) scans once and caches the index in ``index_dir`` (beside the
+    run); the other ranks read that file. See datamodules/folder.py."""
+    from datamodules.folder import FolderDataset, open_index
+    index, path = open_index(data_root, file_list=file_list or None, verify=verify, index_dir=index_dir,
+                             max_corrupt=max_corrupt)
+    return FolderDataset(data_root, index=index, index_path=path, max_corrupt=max_corrupt)
+
+
+class Unlabeled(Dataset):
+    """Items of a dataset without class labels, with ``"label": -1`` (DINO never reads it)."""
+
+    def __init__(self, base: Dataset):
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i):
+        return {**self.base[i], "label": -1}
 
 
 class ResumableBatchSampler(Sampler):
@@ -100,6 +132,18 @@ class MultiCropDataset(Dataset):
         return crops, int(item["label"])
 
 
+class DecodedMultiCropDataset(MultiCropDataset):
+    """``data.augment_on=gpu``: ``ds[(epoch, i)] -> (uint8 (3, H, W), packed crop rows, label)``. The worker
+    decodes and draws the crops (the same ``plan`` code and generator as the CPU path); the DataModule's
+    ``on_after_batch_transfer`` cuts and colours them in batch (datamodules/transforms/batched.py)."""
+
+    def __getitem__(self, key):
+        epoch, idx = key
+        item = self.base[idx]
+        img, params = self.transform.plan(item["image"], generator=sample_generator(self.seed, epoch, idx))
+        return img, pack_params(params), int(item["label"])
+
+
 class EvalDataset(Dataset):
     """Deterministic view for k-NN and visualisations: resize the short side to ``size * resize_ratio``
     (DINO eval: 256/224), centre-crop ``size``, normalise."""
@@ -129,15 +173,24 @@ class DINOPretrainDataModule(pl.LightningDataModule):
         multicrop: overrides of the preset (global_size, local_size, global_scale, local_scale, ...).
         batches_per_epoch: cap on the batches of one epoch (a step budget on big datasets); None = full epoch.
         eval_resize_ratio: eval resize of the short side relative to the crop (256/224 as DINO; 1.0 = none).
-        val_split: split used for k-NN tests and the TensorBoard images.
+        augment_on: ``gpu``: workers only decode and draw the crops, the augmentation runs in batch in
+            ``on_after_batch_transfer`` on the batch's device; ``cpu``: workers make the crops
+            (``MultiCropTransform``); ``auto`` (default): gpu when the trainer runs on CUDA, else cpu.
+        val_split: split used for k-NN tests and the TensorBoard images (DATA=folder: the training images).
+        file_list / verify / max_corrupt / index_dir: DATA=folder only (datamodules/folder.py): a text file of
+            image paths instead of the scan; decode every file while scanning; the share of unreadable files
+            that stops the run; where the index is cached (``make pretrain`` sets it beside the run).
     """
 
     def __init__(self, data: str = DEMO, data_root: str = "", batch_size: int = 64, num_workers: int = 4,
                  seed: int = 0, n_local_crops: int = 8, multicrop_preset: str = "official",
                  multicrop: Optional[dict[str, Any]] = None, batches_per_epoch: Optional[int] = None,
                  eval_resize_ratio: float = 256 / 224, train_split: str = "train", val_split: str = "val",
-                 pin_memory: bool = True):
+                 pin_memory: bool = True, file_list: Optional[str] = None, verify: bool = False,
+                 max_corrupt: float = 0.01, index_dir: str = "", augment_on: str = "auto"):
         super().__init__()
+        if augment_on not in AUGMENT_ON:
+            raise ValueError(f"data.augment_on must be one of {AUGMENT_ON}, got {augment_on!r}")
         self.save_hyperparameters()
         self.data, self.data_root = data, data_root or ""
         self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
@@ -151,11 +204,16 @@ class DINOPretrainDataModule(pl.LightningDataModule):
         self.crop_cfg = make_config(multicrop_preset, n_local=n_local_crops, **overrides)
         self.batches_per_epoch, self.eval_resize_ratio = batches_per_epoch, eval_resize_ratio
         self.train_split, self.val_split, self.pin_memory = train_split, val_split, pin_memory
+        self.folder = dict(file_list=file_list, verify=verify, max_corrupt=max_corrupt, index_dir=index_dir)
+        if data == FOLDER:  # a folder has no splits: the visuals (and a k-NN check) read the training images
+            self.val_split = train_split
+        self.augment_on = augment_on
         self._train = self._eval = None
+        self._batched = BatchedMultiCrop(self.crop_cfg)
 
     def setup(self, stage: Optional[str] = None) -> None:
         if self._train is None:
-            self._train = load_split(self.data, self.data_root, self.train_split)
+            self._train = load_split(self.data, self.data_root, self.train_split, unlabeled=True, **self.folder)
 
     def _position(self) -> int:
         trainer = self.trainer
@@ -164,8 +222,29 @@ class DINOPretrainDataModule(pl.LightningDataModule):
                              "sampler counts one batch per optimizer step); raise data.batch_size instead.")
         return trainer.global_step
 
+    def same_index_on_every_rank(self) -> None:
+        """DATA=folder under DDP: every rank trains on rank 0's index (a rank a cluster launcher started may have
+        read an older cache before rank 0 rewrote it: it reads it again). A collective: every rank calls it."""
+        from datamodules.folder import FolderDataset, read_index
+        if not isinstance(self._train, FolderDataset) or self.trainer is None or self.trainer.world_size == 1:
+            return
+        sha = self.trainer.strategy.broadcast(self._train.index["sha256"], src=0)
+        if sha != self._train.index["sha256"] and self._train.index_path is not None:
+            self._train = FolderDataset(self.data_root, index=read_index(self._train.index_path),
+                                        index_path=self._train.index_path, max_corrupt=self.folder["max_corrupt"])
+        if sha != self._train.index["sha256"]:
+            from datamodules.errors import DatasetError
+            raise DatasetError(f"rank {self.trainer.global_rank}: folder index {self._train.index_path} differs "
+                               "from rank 0's; the runs folder must be shared by every node.")
+
+    def data_report(self) -> dict:
+        """What summary.json records about the data: DATA=folder's index and its unreadable files."""
+        from datamodules.folder import FolderDataset
+        return {"data_index": self._train.report()} if isinstance(self._train, FolderDataset) else {}
+
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")
+        self.same_index_on_every_rank()
         world, rank = 1, 0
         if self.trainer is not None:
             world, rank = self.trainer.world_size, self.trainer.global_rank
@@ -175,11 +254,28 @@ class DINOPretrainDataModule(pl.LightningDataModule):
         sampler = ResumableBatchSampler(len(self._train), self.batch_size, seed=self.seed, num_replicas=world,
                                         rank=rank, batches_per_epoch=self.batches_per_epoch,
                                         position=self._position if self.trainer is not None else None)
-        ds = MultiCropDataset(self._train, MultiCropTransform(self.crop_cfg), seed=self.seed)
+        on_gpu = self.resolved_augment_on() == "gpu"
+        ds = (DecodedMultiCropDataset if on_gpu else MultiCropDataset)(self._train, MultiCropTransform(self.crop_cfg),
+                                                                      seed=self.seed)
         # own generator: creating the iterator must not consume the global RNG (drop-path uses it)
         return DataLoader(ds, batch_sampler=sampler, num_workers=self.num_workers,
+                          collate_fn=collate_decoded if on_gpu else None,
                           pin_memory=self.pin_memory and torch.cuda.is_available(),
                           persistent_workers=self.num_workers > 0, generator=torch.Generator().manual_seed(self.seed))
+
+    def resolved_augment_on(self) -> str:
+        """``gpu`` | ``cpu``: ``auto`` is gpu when the trainer runs on CUDA (CPU runs stay bit for bit as before)."""
+        if self.augment_on != "auto":
+            return self.augment_on
+        on_cuda = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        return "gpu" if on_cuda else "cpu"
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int = 0):
+        """augment_on=gpu: the decoded batch, now on the training device, becomes ([global1, global2,
+        *locals], labels), each crop (B, 3, size, size): what the CPU path's DataLoader yields."""
+        if isinstance(batch, DecodedBatch):
+            return self._batched(batch), batch.labels
+        return batch
 
     def eval_dataset(self, split: str) -> EvalDataset:
         base = self._train if split == self.train_split and self._train is not None else \

@@ -1,4 +1,4 @@
-"""Semantic-segmentation DataModule (voc, voc_aug, ade20k, cityscapes, demo_voc); masks use ignore = 255."""
+"""Semantic-segmentation DataModule (voc, voc_aug, ade20k, cityscapes, custom_seg, demo_voc); masks use ignore = 255."""
 from __future__ import annotations
 
 from .datamodule_base import DenseDataModule
@@ -16,3 +16,9 @@ class SegmentationDataModule(DenseDataModule):
         self.setup("validate")
         ds = self.val_set
         return len(ds.classes) or int(ds.NUM_CLASSES)
+
+    @property
+    def class_names(self) -> tuple:
+        """The class names (results.json names the per-class IoU with them); () when the dataset has none."""
+        self.setup("validate")
+        return tuple(self.val_set.classes)

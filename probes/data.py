@@ -1,9 +1,9 @@
 """The probes' data: the Lightning DataModule of a task (``datamodules``) with the task's protocol view.
 
 knn -> ``ClassificationDataModule`` with the eval view for both splits (DINO eval_knn); imagenet -> the same with
-RandomResizedCrop + flip for training (eval_linear; ``aug=False``: the eval view); voc / ade20k / cityscapes ->
-``SegmentationDataModule``; nyuv2 / sunrgbd / kitti -> ``DepthDataModule`` (image resized to the probe size; training
-targets follow, validation targets stay at label size). Images stay uint8; ``FrozenFeatures`` normalises them.
+RandomResizedCrop + flip for training (eval_linear; ``aug=False``: the eval view); voc / ade20k / cityscapes / seg
+-> ``SegmentationDataModule``; nyuv2 / sunrgbd / kitti / depth -> ``DepthDataModule`` (image resized to the probe size;
+training targets follow, validation targets stay at label size). Images stay uint8; ``FrozenFeatures`` normalises them.
 
 >>> # dm = probe_datamodule(get_task("voc"), "demo_voc", root, (128, 128), patch_size=8, batch_size=16)
 >>> # dm.setup("fit"); dm.train_set[0].keys()  -> image, mask, path, index
@@ -25,8 +25,26 @@ DATAMODULES = {"knn": ClassificationDataModule, "linear": ClassificationDataModu
                "depth": DepthDataModule}
 
 
+# your own data: which probe kinds each custom layout feeds (docs/data.md "Your own data")
+OWN_DATA = {"imagefolder": ("knn", "linear"), "custom_seg": ("seg",), "custom_depth": ("depth",), "folder": ()}
+OWN_TASK = {"knn": "knn", "linear": "imagenet", "seg": "seg", "depth": "depth"}
+
+
+def check_own_data(task: TaskSpec, name: str) -> None:
+    """Refuse a custom layout the task's kind cannot read (e.g. TASK=knn DATA=folder: a folder has no labels)."""
+    if name in OWN_DATA and task.kind not in OWN_DATA[name]:
+        fits = [f"TASK={OWN_TASK[k]}" for k in OWN_DATA[name]]
+        raise ValueError(
+            f"TASK={task.name} cannot read DATA={name}" + (f" (it feeds {' or '.join(fits)})" if fits else
+                                                           " (images without labels: pretraining and analyses only)")
+            + ". Labelled data for the probes: TASK=knn|imagenet DATA=imagefolder (train/ and val/ class folders), "
+            "TASK=seg DATA=custom_seg (img_dir + ann_dir), TASK=depth DATA=custom_depth (img_dir + depth_dir); in a "
+            "study give each task its data with --task-data TASK=DATA:ROOT.")
+
+
 def resolve_data(task: TaskSpec, data: str, data_root: str) -> tuple[str, Path]:
     """(dataset name, root) for --data/--data-root; '' means not given."""
+    check_own_data(task, (data or "").strip())
     if (data or "demo").strip() == "demo" and task.demo_dataset is None:
         raise ValueError(f"task '{task.name}' has no built-in demo data (demo exists for imagenet, knn, voc, "
                          f"nyuv2). Run it on the real dataset: make probe TASK={task.name} DATA={task.dataset} "

@@ -10,10 +10,13 @@ from typing import Callable, Optional
 import torch
 
 
-def depth_eval_settings(dataset: str) -> tuple[float, float, Optional[Callable[[int, int], torch.Tensor]],
-                                                Optional[float]]:
+def depth_eval_settings(dataset: str, ds=None) -> tuple[float, float, Optional[Callable[[int, int], torch.Tensor]],
+                                                         Optional[float]]:
     """(min_depth, max_depth, crop(H, W) -> bool mask, clip) from datamodules' one table of depth eval settings
-    (NYUv2 Eigen crop; SUN RGB-D clip 8 m + Eigen crop; KITTI Garg crop of the KB-cropped map)."""
+    (NYUv2 Eigen crop; SUN RGB-D clip 8 m + Eigen crop; KITTI Garg crop of the KB-cropped map); a dataset that
+    carries its own (``custom_depth``: depth_scale, min/max depth, eval crop from its options) gives them itself."""
+    if ds is not None and hasattr(ds, "eval_settings"):
+        return ds.eval_settings()
     from datamodules.transforms.depth import crop_mask, depth_clip, depth_config
     _, lo, hi, kind = depth_config(dataset)
     return lo, hi, (None if kind is None else partial(crop_mask, kind)), depth_clip(dataset)
@@ -50,6 +53,9 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in [
     TaskSpec("sunrgbd", Kind.DEPTH, "sunrgbd", None, img_size=(480, 640), val_split="test"),
     TaskSpec("kitti", Kind.DEPTH, "kitti", None, img_size=(352, 1216),
              val_split="test"),
+    # your own data (docs/data.md "Your own data"); DATA names the dataset, --img-size the probe input
+    TaskSpec("seg", Kind.SEG, "custom_seg", None, img_size=(448, 448)),
+    TaskSpec("depth", Kind.DEPTH, "custom_depth", None, img_size=(448, 448)),
 ]}
 
 

@@ -34,7 +34,8 @@ def eval_parent_parser() -> argparse.ArgumentParser:
                    help="which network of a DINO checkpoint")
     g.add_argument("--arch", default=None, help=f"arch of --ckpt random (default: {DEMO_ARCH} on demo data, "
                    f"{REAL_ARCH} otherwise)")
-    g.add_argument("--data", default="demo", help="'demo' (generated data) or the dataset name (with --data-root)")
+    g.add_argument("--data", default="demo", help="'demo' (generated data) or the dataset name (with --data-root); "
+                   "your own data: folder, imagefolder, custom_seg, custom_depth (docs/data.md)")
     g.add_argument("--data-root", default="", help="folder of the real dataset")
     g = p.add_argument_group("processes (Lightning DDP)")
     g.add_argument("--devices", default="1", help="devices per node ('auto' = all present)")
