@@ -67,6 +67,8 @@ COLUMNS: list[Column] = [
     Column("nyuv2_d1", "NYUv2 δ1", "probe", "nyuv2", lambda m, r: _get(m, "d1"), digits=4),
     Column("sunrgbd_rmse", "SUN RGB-D RMSE", "probe", "sunrgbd", lambda m, r: _get(m, "rmse"), True, 4),
     Column("kitti_rmse", "KITTI RMSE", "probe", "kitti", lambda m, r: _get(m, "rmse"), True, 4),
+    Column("seg_miou", "own seg mIoU", "probe", "seg", lambda m, r: _get(m, "mIoU")),  # DATA=custom_seg
+    Column("depth_rmse", "own depth RMSE", "probe", "depth", lambda m, r: _get(m, "rmse"), True, 4),  # custom_depth
     Column("pib_imagenet", "PiB ImageNet ([CLS])", "analysis", "pib", lambda m, r: _get(m, "pib"),
            datasets=("imagenet",)),
     Column("pib_voc", "PiB VOC ([CLS])", "analysis", "pib", lambda m, r: _get(m, "pib"), datasets=("voc", "demo")),

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Subset
 from tokenmix.attention_stats import attention_stats as _attention_stats
 from tokenmix.knn import knn_classify
 from tokenmix.pca import pca_rgb as _pca_rgb
+from tokenmix.precision import inference_autocast
 from tokenmix.results import write_summary
 
 
@@ -76,7 +77,9 @@ class PretrainVisuals(FixedImagesCallback):
         model = pl_module.teacher.backbone
         x = self.fixed_images(trainer.datamodule.eval_dataset(trainer.datamodule.val_split)).to(pl_module.device)
         grid = model.grid_size(x)
-        out = model.extract(x, n_last_blocks=model.depth)
+        with inference_autocast(x.device):  # bf16 on CUDA (tokenmix/precision.py); read back as fp32 below
+            out = model.extract(x, n_last_blocks=model.depth)
+            attns = model.attention_maps(x)
         patch = out[-1]["patch"].float()
         tb.add_images("images/pca_patch_features", _grid_images(_pca_rgb(patch.cpu(), grid), model.patch_size),
                       step)
@@ -86,7 +89,6 @@ class PretrainVisuals(FixedImagesCallback):
         tb.add_scalar("tokens/patch_norm_max_over_median", (norms.max() / norms.median()).item(), step)
         for i, o in enumerate(out):
             tb.add_scalar(f"tokens/patch_norm_mean/block{i}", o["patch"].float().norm(dim=-1).mean().item(), step)
-        attns = model.attention_maps(x)
         for i, a in enumerate(attns):
             st = _attention_stats(a.float().cpu())
             tb.add_scalar(f"attention/zero_share/block{i}", st["zero_share"].mean().item(), step)
@@ -111,7 +113,8 @@ class PretrainVisuals(FixedImagesCallback):
 def backbone_features(model: torch.nn.Module, loader, device) -> tuple[torch.Tensor, torch.Tensor]:
     feats, labels = [], []
     for x, y in loader:
-        feats.append(model(x.to(device)).float().cpu())
+        with inference_autocast(device):
+            feats.append(model(x.to(device)).float().cpu())
         labels.append(torch.as_tensor(y))
     if not feats:  # an empty shard (fewer samples than ranks)
         return torch.zeros(0, model.embed_dim), torch.zeros(0, dtype=torch.long)
@@ -249,7 +252,7 @@ class RunSummary(pl.Callback):
                       config=dict(pl_module.hparams),
                       checkpoint=getattr(trainer.checkpoint_callback, "last_model_path", None))
         fmt = {k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in summary.items()
-               if not k.startswith("collapse/")}
+               if not k.startswith("collapse/") and not isinstance(v, list)}  # series: in the file only
         rank_zero_info("pretraining summary: " + ", ".join(f"{k}={v}" for k, v in fmt.items()))
         rank_zero_info(f"summary written to {Path(log_dir) / 'summary.json'}")
 
@@ -264,7 +267,10 @@ class RunSummary(pl.Callback):
                 "loss_end": sum(last) / len(last) if last else None,
                 "collapse_healthy": healthy, "collapse": why,
                 **{k: _as_float(v) for k, v in self.last_stats.items()},
-                **({f"knn_{k}": v for k, v in knn.items()} if knn["top1"] is not None else {})}
+                **({f"knn_{k}": v for k, v in knn.items()} if knn["top1"] is not None else {}),
+                **getattr(trainer.datamodule, "data_report", dict)(),  # DATA=folder: index, unreadable files
+                **{k: v for cb in trainer.callbacks if callable(getattr(cb, "summary_entries", None))
+                   for k, v in cb.summary_entries().items()}}  # DenseProbeCheck: its series
 
 
 def _as_float(v: Any) -> Optional[float]:

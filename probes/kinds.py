@@ -124,7 +124,7 @@ def build_depth(ctx: ProbeContext, features: FrozenFeatures, kw: dict):
     from .module_depth import DepthProbe
     from .tasks import depth_eval_settings
     a = ctx.args
-    lo, hi, crop, clip = depth_eval_settings(ctx.dataset)
+    lo, hi, crop, clip = depth_eval_settings(ctx.dataset, getattr(ctx.dm, "val_set", None))  # custom: its own
     return DepthProbe(features, ctx.dm, min_depth=lo, max_depth=hi, crop=crop, clip=clip,
                       classify=a.depth_head == "bins", norm=a.bin_norm, cache=not a.no_cache,
                       **({"lr": a.lr} if a.lr else {}), **kw)
@@ -145,6 +145,25 @@ def train_head(ctx: ProbeContext, spec: FeatureSpec, logger, *, kind: "ProbeKind
         from tokenmix.io import atomic_torch_save
         atomic_torch_save(module.head.state_dict(), ctx.log_dir / f"head_{key}.pt")
     return metrics
+
+
+def run_ridge(ctx: ProbeContext, spec: FeatureSpec, logger) -> dict[str, Any]:
+    """--solver ridge (segmentation): the closed-form probe of probes/ridge.py that the pretraining's
+    DenseProbeCheck runs, in one process (fast: one pass over each split)."""
+    from torch.utils.data import DataLoader
+
+    from datamodules.datamodule_base import dense_collate
+
+    from .ridge import run_ridge_probe
+    if ctx.args.devices not in (None, 1, "1", "auto") or ctx.args.num_nodes not in (None, 1):
+        raise ValueError("--solver ridge runs in one process: drop --devices / --num-nodes")
+    loaders = [DataLoader(ds, batch_size=ctx.dm.batch_size, shuffle=False, collate_fn=dense_collate)
+               for ds in (ctx.dm.train_set, ctx.dm.val_set)]
+    m = run_ridge_probe(FrozenFeatures(ctx.info.model, spec), *loaders, ctx.dm.num_classes, ctx.args.ridge_lambda)
+    if logger is not None:
+        logger.experiment.add_scalar("val/mIoU", m["mIoU"], 0)
+        logger.experiment.flush()
+    return m
 
 
 # --------------------------------------------------------------------------- features and summaries
@@ -175,6 +194,10 @@ class ProbeKind:
     def run(self, ctx: ProbeContext, spec: FeatureSpec, logger, key: str = "default") -> dict[str, Any]:
         if self.build is None:
             return run_knn(ctx, spec, logger)
+        if getattr(ctx.args, "solver", "sgd") == "ridge":
+            if self.kind != Kind.SEG:
+                raise ValueError(f"--solver ridge is for segmentation tasks, not {self.kind.value}")
+            return run_ridge(ctx, spec, logger)
         return train_head(ctx, spec, logger, kind=self, key=key)
 
 

@@ -71,7 +71,10 @@ class SegmentationProbe(ProbeModule):
             "per_class_IoU": [None if math.isnan(v) else 100 * v for v in res["IoU"].tolist()],
             "epoch": self.current_epoch,
         }
-        self.history.append({k: v for k, v in self.last_metrics.items() if k != "per_class_IoU"})
+        names = tuple(getattr(self.data, "class_names", ()) or ())
+        if len(names) == self.num_classes:  # the same numbers, keyed by class name
+            self.last_metrics["per_class_IoU_named"] = dict(zip(names, self.last_metrics["per_class_IoU"]))
+        self.history.append({k: v for k, v in self.last_metrics.items() if not k.startswith("per_class_IoU")})
         if self._vis:
             self.log_images("pred_mask", [self._vis[i] for i in sorted(self._vis)])
 

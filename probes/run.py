@@ -20,12 +20,14 @@ from tokenmix import paths
 from tokenmix.cli import eval_parent_parser, finish_eval_args, is_demo
 from tokenmix.io import CheckpointError
 from tokenmix.knn import DEFAULT_KS
-from tokenmix.launch import LaunchError, count_devices, global_rank
+from tokenmix.launch import LaunchError, count_devices, global_rank, install_stop_handlers
+from tokenmix.precision import device_line
 from tokenmix.results import backbone_entry, write_results
 
 from .backbone import resolve_backbone
 from .data import probe_datamodule, resolve_data
 from .kinds import KINDS, ProbeContext, summary
+from .kinds import _device as kind_device
 from .tasks import TASKS, get_task
 
 
@@ -51,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--depth-head", choices=("bins", "regression"), default="bins")
     p.add_argument("--bin-norm", choices=("linear", "softmax"), default="linear",
                    help="bins -> probabilities: DINOv2's 'linear' (relu + 0.1, normalise) or softmax")
+    p.add_argument("--solver", choices=("sgd", "ridge"), default="sgd",
+                   help="segmentation: the trained BN + linear head (sgd, the protocol) or the closed-form ridge probe "
+                   "of the pretraining's DenseProbeCheck (probes/ridge.py)")
+    p.add_argument("--ridge-lambda", type=float, default=1e-2, help="--solver ridge: penalty (x number of patches)")
     p.add_argument("--no-cache", action="store_true", help="recompute frozen features every epoch")
     p.add_argument("--cache-fp16", action="store_true", help="store cached features as float16 (half the memory)")
     p.add_argument("--no-aug", action="store_true", help="imagenet: no RandomResizedCrop/flip (features cached)")
@@ -171,6 +177,8 @@ def main(argv: Optional[list[str]] = None) -> Optional[Path]:
     from lightning.pytorch.loggers import TensorBoardLogger
     L.seed_everything(args.seed, verbose=False)
     ctx = build_context(args)
+    if global_rank() == 0:
+        print(f"[probe] {device_line(kind_device(args.accelerator))}", flush=True)  # GPU + bf16, or CPU fp32
     probe_dir = (Path(args.runs_dir) if args.runs_dir else paths.RUNS) / ctx.info.run_name / "probe"
     version = paths.run_version(probe_dir / ctx.task.name, count_devices(args.accelerator, args.devices) > 1)
     logger = TensorBoardLogger(save_dir=str(probe_dir), name=ctx.task.name, version=version,
@@ -189,6 +197,7 @@ def main(argv: Optional[list[str]] = None) -> Optional[Path]:
 
 
 def cli() -> None:
+    install_stop_handlers()  # SIGTERM / SIGINT end every rank within seconds (tokenmix/launch.py)
     try:
         main()
     except (ValueError, FileNotFoundError, KeyError, CheckpointError, LaunchError) as e:

@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
       "default demo for DATA=demo, paper otherwise)")
     a("--data", default="demo")
     a("--data-root", default="")
+    a("--at", default="", help="training points to evaluate, e.g. '25%% 50%% 100%%', 'e2 e4 e6' or 's100 s200' "
+      "(study.points; default: the end of training only)")
     a("--task-data", action="append", default=[], metavar="TASK=DATA[:ROOT]",
       help="evaluate TASK on another data set, e.g. voc=voc:/data/VOCdevkit (repeatable)")
     a("--probe-config", default=None, help="--config of every probe (default configs/probe/demo.yaml for demo "
@@ -93,13 +95,17 @@ def make_spec(args) -> Spec:
                        tasks=_words(args.tasks), preset=preset, data=args.data, data_root=args.data_root,
                        probe_config=args.probe_config, pretrain_args=shlex.split(args.pretrain_args),
                        probe_args=shlex.split(args.probe_args), analysis_args=shlex.split(args.analysis_args),
-                       root=Path(args.root) if args.root else None, task_data=task_data)
+                       root=Path(args.root) if args.root else None, task_data=task_data, at=args.at)
 
 
 def describe(spec: Spec, cells, done, python: str, verbose: bool) -> str:
     n_pre = sum(c.kind == PRETRAIN for c in cells)
     L = [f"[study] {spec.name}: {len(spec.variants)} variants x {len(spec.seeds)} seeds = {n_pre} pretraining "
          f"runs, {len(spec.tasks)} tasks -> {len(cells) - n_pre} evaluations; state in {spec.root}"]
+    if spec.max_epochs:
+        from .points import describe_point
+        L.append("[study] training points evaluated: " + ", ".join(describe_point(p, spec.max_epochs)
+                                                                 for p in spec.points))
     for c in cells:
         rec = done.get(c.id)
         if rec:
@@ -119,7 +125,7 @@ def describe(spec: Spec, cells, done, python: str, verbose: bool) -> str:
 def cli_args(args, spec: Spec) -> list[str]:
     """The flags that re-create this spec (for the slurm report job), as --flag=value: values may start with '-'."""
     pairs = [("name", spec.name), ("variants", " ".join(spec.variants)), ("seeds", ",".join(map(str, spec.seeds))),
-             ("tasks", " ".join(spec.tasks)), ("preset", spec.preset), ("data", spec.data),
+             ("tasks", " ".join(spec.tasks)), ("at", args.at), ("preset", spec.preset), ("data", spec.data),
              ("data-root", spec.data_root), ("probe-config", spec.probe_config),
              ("pretrain-args", args.pretrain_args), ("probe-args", args.probe_args),
              ("analysis-args", args.analysis_args), ("root", str(spec.root)), ("baseline", args.baseline)]

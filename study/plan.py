@@ -26,6 +26,7 @@ from typing import Optional
 from tokenmix import paths
 from tokenmix.io import atomic_json_dump, sha256_file
 
+from .points import FINAL, checkpoint_name, keep_args, max_epochs, resolve_at
 from .results import read_result
 
 PRETRAIN = "pretrain"
@@ -83,11 +84,13 @@ class Spec:
     analysis_args: tuple[str, ...] = ()
     root: Path = field(default=Path("."))
     task_data: tuple[tuple[str, str, str], ...] = ()  # (task, data, data root) overriding data/data_root
+    points: tuple[str, ...] = (FINAL,)  # training points evaluated (study.points; FINAL = last.ckpt)
+    max_epochs: int = 0                 # the schedule the points refer to (0: not needed, no AT)
 
     @classmethod
     def create(cls, *, name: str, variants, seeds, tasks, preset: str, data: str = "demo", data_root: str = "",
                probe_config: Optional[str] = None, pretrain_args=(), probe_args=(), analysis_args=(),
-               root: Optional[Path] = None, task_data=()) -> "Spec":
+               root: Optional[Path] = None, task_data=(), at: str = "") -> "Spec":
         from backbones.variants import parse_variant  # the variant names' one home
         if not re.fullmatch(r"[A-Za-z0-9_.+-]+", name or ""):
             raise ValueError(f"study name {name!r}: letters, digits and _ . + - only (it names a folder)")
@@ -100,7 +103,9 @@ class Spec:
             raise ValueError("a study needs at least one variant, one seed and one task")
         for t in list(tasks) + [td[0] for td in task_data]:
             task_source(t)
-        preset_file(preset)
+        pfile = preset_file(preset)
+        epochs = max_epochs(pfile, pretrain_args) if str(at or "").strip() else 0
+        points = resolve_at(at, epochs) if epochs else (FINAL,)
         if probe_config is None:  # the probe protocol matching the data
             probe_config = "configs/probe/demo.yaml" if data == "demo" else "configs/probe/paper.yaml"
         if probe_config and not (paths.REPO / probe_config).is_file() and not Path(probe_config).is_file():
@@ -108,7 +113,7 @@ class Spec:
         root = Path(root) if root else paths.RUNS / "study" / name
         return cls(name, tuple(canon), tuple(int(s) for s in seeds), tuple(dict.fromkeys(tasks)), preset, data,
                    data_root, probe_config, tuple(pretrain_args), tuple(probe_args), tuple(analysis_args),
-                   root.resolve(), tuple(tuple(td) for td in task_data))
+                   root.resolve(), tuple(tuple(td) for td in task_data), points, epochs)
 
     def seed_root(self, seed: int) -> Path:
         """The runs/ folder of one seed: <root>/seed<s>/<variant>/{pretrain,probe,analysis}/..."""
@@ -134,6 +139,7 @@ class Cell:
     task: str = ""
     key: str = ""
     depends: str = ""  # id of the pretraining cell an evaluation reads
+    point: str = ""    # the training point an evaluation reads (study.points; "" = the end, last.ckpt)
 
     @property
     def stage(self) -> str:
@@ -143,9 +149,13 @@ class Cell:
 def pretrain_key(spec: Spec, variant: str, seed: int) -> str:
     files = [preset_file(spec.preset)] + [paths.REPO / "configs" / "variants" / f"{p}.yaml"
                                           for p in variant.split("+")]
-    return _key({"variant": variant, "seed": seed, "preset": spec.preset, "data": spec.data,
-                 "data_root": spec.data_root, "args": list(spec.pretrain_args),
-                 "files": {f.name: sha256_file(f) for f in files if f.is_file()}})
+    body = {"variant": variant, "seed": seed, "preset": spec.preset, "data": spec.data,
+            "data_root": spec.data_root, "args": list(spec.pretrain_args),
+            "files": {f.name: sha256_file(f) for f in files if f.is_file()}}
+    keep = keep_args(spec.points)
+    if keep:  # only with kept points: a study without AT keeps its keys (and its finished cells)
+        body["keep"] = keep
+    return _key(body)
 
 
 def eval_key(spec: Spec, task: str, seed: int) -> str:
@@ -162,8 +172,8 @@ def plan(spec: Spec) -> list[Cell]:
     pre = [Cell(f"{PRETRAIN}.{v}.seed{s}", PRETRAIN, v, s, key=pretrain_key(spec, v, s))
            for v in spec.variants for s in spec.seeds]
     # task-major: a study stopped half-way already has whole columns (every variant and seed of the first tasks)
-    evals = [Cell(f"{t}.{c.variant}.seed{c.seed}", task_source(t), c.variant, c.seed, t,
-                  eval_key(spec, t, c.seed), c.id) for t in spec.tasks for c in pre]
+    evals = [Cell(f"{t}.{c.variant}.seed{c.seed}" + (f"@{p}" if p else ""), task_source(t), c.variant, c.seed, t,
+                  eval_key(spec, t, c.seed), c.id, p) for t in spec.tasks for p in spec.points for c in pre]
     return pre + evals
 
 
@@ -173,7 +183,8 @@ def checkpoint_path(spec: Spec, cell: Cell) -> Path:
     pre = cell if cell.kind == PRETRAIN else Cell(cell.depends, PRETRAIN, cell.variant, cell.seed,
                                                   key=pretrain_key(spec, cell.variant, cell.seed))
     stem = preset_file(spec.preset).stem
-    return spec.seed_root(pre.seed) / pre.variant / "pretrain" / stem / f"study-{pre.key}" / "checkpoints" / "last.ckpt"
+    folder = spec.seed_root(pre.seed) / pre.variant / "pretrain" / stem / f"study-{pre.key}" / "checkpoints"
+    return folder / checkpoint_name(cell.point)
 
 
 def command(spec: Spec, cell: Cell, python: str, resume: bool = False) -> list[str]:
@@ -185,7 +196,7 @@ def command(spec: Spec, cell: Cell, python: str, resume: bool = False) -> list[s
         ckpt = checkpoint_path(spec, cell)
         cmd = [python, "-m", "lightning_modules.pretrain", "--variant", cell.variant, *data, "--preset", spec.preset,
                "--runs-dir", root, f"--seed_everything={cell.seed}", f"--data.seed={cell.seed}",
-               f"--trainer.logger.version=study-{cell.key}", *spec.pretrain_args]
+               f"--trainer.logger.version=study-{cell.key}", *spec.pretrain_args, *keep_args(spec.points)]
         return cmd + (["--resume", str(ckpt)] if resume else [])
     ckpt = str(checkpoint_path(spec, cell))
     if cell.kind == "probe":
@@ -234,11 +245,33 @@ def done_record(spec: Spec, cell: Cell, pre_record: Optional[dict] = None) -> Op
     if not m or m.get("key") != cell.key:
         return None
     if cell.kind == PRETRAIN:
-        return m if _checkpoint_sha(Path(m.get("checkpoint", "")), m) == m.get("ckpt_sha256") else None
-    if not pre_record or m.get("ckpt_sha256") != pre_record.get("ckpt_sha256"):
+        kept = [(m.get("points") or {}).get(p) or {} for p in spec.points if p != FINAL]
+        ok = all(_checkpoint_sha(Path(r.get("checkpoint", "")), r) == r.get("ckpt_sha256") for r in [m, *kept])
+        return m if ok else None
+    if not pre_record or m.get("ckpt_sha256") != point_record(pre_record, cell.point).get("ckpt_sha256"):
         return None
     res = read_result(Path(m.get("results", "")))
     return m if res and res.checkpoint_sha256 == m["ckpt_sha256"] and res.task == cell.task else None
+
+
+def point_record(pre_record: dict, point: str) -> dict:
+    """The checkpoint entry (path, sha256, size, mtime, global step) of one point of a pretraining marker."""
+    return pre_record if point == FINAL else (pre_record.get("points") or {}).get(point) or {}
+
+
+def _checkpoint_entry(path: Path) -> dict:
+    st = path.stat()
+    return {"checkpoint": str(path), "ckpt_sha256": sha256_file(path), "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns, "global_step": _global_step(path)}
+
+
+def _global_step(path: Path) -> Optional[int]:
+    """The optimizer step a Lightning checkpoint was saved at (the report's x axis for step points)."""
+    try:
+        import torch
+        return int(torch.load(path, map_location="cpu", mmap=True, weights_only=False)["global_step"])
+    except Exception:  # not a Lightning checkpoint (a test's stand-in): the step is unknown
+        return None
 
 
 def status(spec: Spec, cells: list[Cell]) -> dict[str, Optional[dict]]:
@@ -270,15 +303,21 @@ def record(spec: Spec, cell: Cell, seconds: float = 0.0, since: float = 0.0,
     ckpt = checkpoint_path(spec, cell)
     if not ckpt.is_file():
         raise FileNotFoundError(f"{cell.id}: no checkpoint at {ckpt}")
-    st = ckpt.stat()
-    sha = sha256_file(ckpt)
     rec = {"cell": cell.id, "key": cell.key, "kind": cell.kind, "variant": cell.variant, "seed": cell.seed,
-           "task": cell.task, "checkpoint": str(ckpt), "ckpt_sha256": sha, "seconds": round(seconds, 2),
+           "task": cell.task, "point": cell.point, "seconds": round(seconds, 2),
            "cpu_seconds": None if cpu_seconds is None else round(cpu_seconds, 2),
            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if cell.kind == PRETRAIN:
-        rec.update(size=st.st_size, mtime_ns=st.st_mtime_ns, run_dir=str(ckpt.parent.parent))
+        rec.update(_checkpoint_entry(ckpt), run_dir=str(ckpt.parent.parent), points={})
+        for p in spec.points:
+            if p != FINAL:
+                path = ckpt.parent / checkpoint_name(p)
+                if not path.is_file():
+                    raise FileNotFoundError(f"{cell.id}: the run kept no checkpoint {path} for AT point {p}")
+                rec["points"][p] = _checkpoint_entry(path)
     else:
+        sha = sha256_file(ckpt)
+        rec.update(checkpoint=str(ckpt), ckpt_sha256=sha)
         res = find_results(spec, cell, sha, since)
         if res is None:
             raise FileNotFoundError(f"{cell.id}: no results.json for checkpoint {sha[:12]} under "
@@ -301,8 +340,8 @@ def write_plan(spec: Spec, cells: list[Cell], python: str) -> Path:
 def load_plan(path: Path) -> tuple[Spec, list[Cell]]:
     body = json.loads(Path(path).read_text())
     s = dict(body["spec"])
-    for k in ("variants", "seeds", "tasks", "pretrain_args", "probe_args", "analysis_args"):
-        s[k] = tuple(s[k])
+    for k in ("variants", "seeds", "tasks", "pretrain_args", "probe_args", "analysis_args", "points"):
+        s[k] = tuple(s.get(k, (FINAL,) if k == "points" else ()))
     s["task_data"] = tuple(tuple(td) for td in s.get("task_data", ()))
     s["root"] = Path(s["root"])
     cells = [Cell(**{k: v for k, v in c.items() if k != "command"}) for c in body["cells"]]

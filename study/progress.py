@@ -106,6 +106,11 @@ class StudyBoard:
             self.w.add_scalar(f"{key}/mean/{variant}", s.mean, s.n)
             for seed, value, _ in table.values[(variant, key)]:
                 self.w.add_scalar(f"{key}/seeds/{variant}", value, seed)
+        for (variant, key), curve in table.curves.items():  # AT: the mean over seeds per % of the schedule
+            for point, vals in curve.items():
+                x = table.progress.get(point)
+                if len(table.points) > 1 and x is not None and vals:
+                    self.w.add_scalar(f"{key}/curve/{variant}", sum(v for _, v in vals) / len(vals), round(x))
         rows = ["| cell | run folder | checkpoint |", "|---|---|---|"]
         for cid, rd, sha in table.cells:
             rel = Path(rd).relative_to(root) if rd and Path(rd).is_relative_to(root) else rd

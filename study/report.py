@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from analysis.report import COLUMNS, EXTRA_COLUMNS, NOT_REPORTED, NOT_RUN, PAPER_NOTES, paper_table, rel_path
+from analysis.report import COLUMNS, EXTRA_COLUMNS, NOT_REPORTED, NOT_RUN, PAPER_NOTES, paper_table
 from analysis.report_plots import save_png
+from tokenmix import paths
 from tokenmix.io import atomic_write
 
+from .curves import degradation, markdown_lines, plot_task
 from .plan import Cell, Spec
+from .points import FINAL, progress
 from .results import read_result
 from .stats import Difference, Summary, compare, summarize
 
@@ -53,18 +56,24 @@ class Table:
     diffs: dict = field(default_factory=dict)  # (variant, column key) -> Difference
     cells: list = field(default_factory=list)  # (cell id, run folder, checkpoint sha) of finished cells
     cost: dict = field(default_factory=dict)  # "pretrain" | task -> [(wall seconds, CPU seconds)] per finished cell
+    points: list = field(default_factory=lambda: [FINAL])  # training points (AT); the tables above use the last
+    progress: dict = field(default_factory=dict)  # point -> % of the schedule (None: unknown)
+    curves: dict = field(default_factory=dict)  # (variant, column key) -> {point: [(seed, value)]}
+    degradation: dict = field(default_factory=dict)  # (variant, column key) -> curves.Degradation
 
 
 def collect(spec: Spec, cells: list[Cell], done: dict, baseline: str = "softmax") -> Table:
     base = baseline if baseline in spec.variants else None
-    t = Table(list(spec.variants), base)
-    finished = set()
+    t = Table(list(spec.variants), base, points=list(spec.points))
+    last_point = t.points[-1]
+    finished, final_steps = set(), []
     for c in cells:
         rec = done.get(c.id)
         if rec:
             t.cells.append((c.id, rec.get("run_dir", ""), rec.get("ckpt_sha256", "")))
             t.cost.setdefault(c.task or "pretrain", []).append((rec.get("seconds"), rec.get("cpu_seconds")))
         if c.kind == "pretrain":
+            final_steps += [rec["global_step"]] if rec and rec.get("global_step") else []
             continue
         data = spec.eval_data(c.task)[0]
         for col in columns_for(c.task, c.kind, data):
@@ -73,11 +82,17 @@ def collect(spec: Spec, cells: list[Cell], done: dict, baseline: str = "softmax"
         res = read_result(Path(rec["results"])) if rec else None
         if res is None:
             continue
-        finished.add(c.task)
+        if c.point == last_point:
+            finished.add(c.task)
         for col in columns_for(c.task, c.kind, data):
             v = col.pick(res.metrics, res.payload)
-            if v is not None:
+            if v is None:
+                continue
+            t.curves.setdefault((c.variant, col.key), {}).setdefault(c.point, []).append((c.seed, v))
+            if c.point == last_point:
                 t.values.setdefault((c.variant, col.key), []).append((c.seed, v, str(res.path)))
+    final_step = sorted(final_steps)[len(final_steps) // 2] if final_steps else None
+    t.progress = {p: progress(p, spec.max_epochs or 1, final_step) for p in t.points}
     order = {c.key: i for i, c in enumerate(COLUMNS + EXTRA_COLUMNS)}
     # a column whose task finished without giving its metric (e.g. an older results.json schema) is dropped;
     # one whose task has not finished yet stays, as 'not run'
@@ -91,6 +106,9 @@ def collect(spec: Spec, cells: list[Cell], done: dict, baseline: str = "softmax"
             a = t.summaries.get((v, col.key))
             if a and b and v != base and col.delta:
                 t.diffs[(v, col.key)] = compare(a, b)
+            d = degradation(t.curves.get((v, col.key), {}), t.points, col.lower_is_better)
+            if d is not None:
+                t.degradation[(v, col.key)] = d
     return t
 
 
@@ -130,6 +148,17 @@ def _paper_cell(row: dict, col, delta: bool) -> str:
     return f"{v:+.{col.digits}f}" if delta else f"{v:.{col.digits}f}"
 
 
+def _shown(p) -> str:
+    """``p`` as a report writes it: relative to the repository, else to the runs folder (``<runs>/...``), so a
+    report names no machine's absolute paths; a path outside both as given."""
+    for base, label in ((paths.REPO, ""), (paths.RUNS, "<runs>/")):
+        try:
+            return label + str(Path(p).resolve().relative_to(Path(base).resolve()))
+        except ValueError:
+            continue
+    return str(p)
+
+
 def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     heads = [c.title + (" ↓" if c.lower_is_better else "") for c in t.columns]
@@ -139,7 +168,7 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
     L = [f"# tokenmix study `{spec.name}`", "",
          f"Generated {now} by `{command}`: variants {', '.join(spec.variants)}; seeds "
          f"{', '.join(map(str, spec.seeds))}; preset `{spec.preset}`; data `{spec.data}`; tasks "
-         f"{', '.join(spec.tasks)}. State and runs: `{spec.root}`.", "",
+         f"{', '.join(spec.tasks)}. State and runs: `{_shown(spec.root)}`.", "",
          "Each cell: mean ± sample standard deviation over seeds (n = seeds measured). Δ = mean − mean of "
          f"`{t.baseline or 'no baseline'}`, ± its standard error se_Δ = sqrt(se_a² + se_b²) with se = std/sqrt(n); "
          f"{INSIDE} = inside seed noise, i.e. |Δ| ≤ 2·se_Δ. ↓ = lower is better. "
@@ -177,13 +206,16 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
             vals = [next((f"{x:.{c.digits}f}" for sd, x, _ in t.values.get((v, c.key), []) if sd == s), NOT_RUN)
                     for c in t.columns]
             L.append(f"| {v} | {s} | " + " | ".join(vals) + " |")
+    if len(t.points) > 1:
+        L += markdown_lines(t, spec, [p for p in plots if p.startswith("study_curve_")])
+        plots = [p for p in plots if not p.startswith("study_curve_")]
     L += cost_lines(t)
     if plots:
         L += ["", "## Plots", "", "Per-variant points: one per seed; bar = mean ± std.", ""]
         L += [f"![{p}]({p})" for p in plots]
     L += ["", "## Cells", "", "Finished cells, their run folders (TensorBoard logs) and the checkpoint sha256 "
           "(first 12 hex digits).", ""]
-    L += [f"- `{cid}`: `{rel_path(rd)}` (checkpoint {sha[:12]})" for cid, rd, sha in t.cells]
+    L += [f"- `{cid}`: `{_shown(rd) if rd else rd}` (checkpoint {sha[:12]})" for cid, rd, sha in t.cells]
     return "\n".join(L) + "\n"
 
 
@@ -256,6 +288,12 @@ def write_report(spec: Spec, t: Table, out: Path, command: str = "python -m stud
         if any((v, c.key) in t.values for v in t.variants):
             plot_column(t, c, out / f"study_{c.key}.png")
             plots.append(f"study_{c.key}.png")
+    if len(t.points) > 1:
+        for task in dict.fromkeys(c.task for c in t.columns):
+            cols = [c for c in t.columns if c.task == task]
+            if plot_task(task, cols, t.variants, t.baseline, t.curves, t.points, t.progress,
+                         out / f"study_curve_{task}.png"):
+                plots.append(f"study_curve_{task}.png")
     write_csv(spec, t, out / "study.csv")
     with atomic_write(out / "study.md", "w") as f:
         f.write(markdown(spec, t, plots, command))

@@ -16,6 +16,9 @@ from tokenmix.results import backbone_entry, results_payload
 KNN = {("softmax", 0): 80.0, ("softmax", 1): 82.0, ("entmax", 0): 85.0, ("entmax", 1): 89.0}
 VOC = {("softmax", 0): 30.0, ("softmax", 1): 30.0, ("entmax", 0): 31.0, ("entmax", 1): 31.0}
 PIB = {("softmax", 0): 40.0, ("softmax", 1): 50.0, ("entmax", 0): 45.0, ("entmax", 1): 47.0}
+# AT: the values at the end of epoch 1 (the end of the 2-epoch tiny schedule gives the tables above)
+KNN_E1 = {("softmax", 0): 84.0, ("softmax", 1): 83.0, ("entmax", 0): 86.0, ("entmax", 1): 88.0}
+VOC_E1 = {k: 30.0 for k in VOC}
 
 
 def _flag(cmd, name):
@@ -50,17 +53,22 @@ class FakeCLIs:
                   / _flag(cmd, "--trainer.logger.version") / "checkpoints" / "last.ckpt")
             ck.parent.mkdir(parents=True, exist_ok=True)
             ck.write_bytes(f"{variant}/{seed}/{'resumed' if '--resume' in cmd else 'fresh'}".encode())
+            epochs = _flag(cmd, "--trainer.callbacks.epochs")  # KeepCheckpoints: at_epoch<N>.ckpt beside last.ckpt
+            for e in (epochs or "[]").strip("[]").split(","):
+                if e:
+                    (ck.parent / f"at_epoch{int(e):04d}.ckpt").write_bytes(f"{variant}/{seed}/e{e}".encode())
             if (variant, seed) in self.fail:
                 self.fail.discard((variant, seed))
                 rc = 1
         else:
             ckpt = Path(_flag(cmd, "--ckpt"))
             sha = hashlib.sha256(ckpt.read_bytes()).hexdigest()
-            variant, seed = ckpt.read_bytes().decode().split("/")[:2]
+            variant, seed, tag = ckpt.read_bytes().decode().split("/")[:3]
             key, task = (variant, int(seed)), _flag(cmd, "--task")
+            knn, voc = (KNN_E1, VOC_E1) if tag == "e1" else (KNN, VOC)
             if module == "probes.run":
                 out = _next_version(Path(_flag(cmd, "--runs-dir")) / variant / "probe" / task)
-                metrics = {"top1": {"10": 0.0, "20": KNN[key]}} if task == "knn" else {"mIoU": VOC[key]}
+                metrics = {"top1": {"10": 0.0, "20": knn[key]}} if task == "knn" else {"mIoU": voc[key]}
                 body = results_payload(task=task, variant=variant, data="demo", metrics=metrics,
                                        backbone=backbone_entry({}, str(ckpt), sha),
                                        config={"dataset": "demo_cls", "seed": int(_flag(cmd, "--seed"))})
@@ -219,3 +227,67 @@ def test_read_result_schema_and_legacy_files(tmp_path):
     old_analysis.write_text(json.dumps({"task": "pib", "metrics": {}, "ckpt_sha256": "c" * 64, "data": "voc"}))
     assert (read_result(old_probe).source, read_result(old_probe).checkpoint_sha256) == ("probe", "b" * 64)
     assert (read_result(old_analysis).source, read_result(old_analysis).data) == ("analysis", "voc")
+
+
+def test_at_words_resolve_to_epochs_steps_and_the_end():
+    from study.points import keep_args, progress, resolve_at
+    assert resolve_at("17% 33% 50% 67% 83% 100%", 6) == ("e1", "e2", "e3", "e4", "e5", "")
+    assert resolve_at("25%, 100%", 6) == ("e2", "")  # 1.5 epochs rounds to the end of epoch 2
+    assert resolve_at("step40 e6 epoch2 s10", 6) == ("e2", "s10", "s40", "")  # e6 = max_epochs = the end
+    assert resolve_at("", 6) == ("",)
+    assert keep_args(("e2", "s10", "")) == ["--trainer.callbacks+=lightning_modules.keep_checkpoints.KeepCheckpoints",
+                                            "--trainer.callbacks.epochs=[2]", "--trainer.callbacks.steps=[10]"]
+    assert keep_args(("",)) == []
+    assert progress("e3", 6) == 50.0 and progress("s30", 6, final_step=120) == 25.0 and progress("", 6) == 100.0
+    for bad in ("0%", "e7", "x", "120%"):
+        with pytest.raises(ValueError, match="AT word"):
+            resolve_at(bad, 6)
+
+
+def test_at_keeps_points_evaluates_each_reuses_and_reports_curves(tmp_path, fake, capsys):
+    argv = ["--name", "a", "--root", str(tmp_path / "a"), "--out", str(tmp_path / "rep"), "--variants",
+            "softmax entmax", "--seeds", "2", "--tasks", "knn voc", "--preset", "tiny", "--at", "50% 100%"]
+    assert main(argv) == 0
+    pre = [c for c in fake.calls if c[2] == "lightning_modules.pretrain"]
+    assert len(pre) == 4 and all(_flag(c, "--trainer.callbacks.epochs") == "[1]" for c in pre)
+    probes = [c for c in fake.calls if c[2] == "probes.run"]
+    assert len(probes) == 16  # 2 tasks x 2 points x 4 checkpoints
+    assert sum(_flag(c, "--ckpt").endswith("at_epoch0001.ckpt") for c in probes) == 8
+    assert (tmp_path / "a" / "done" / "knn.entmax.seed1@e1").is_dir()
+    fake.calls.clear()
+    assert main(argv) == 0 and fake.calls == []  # every cell reused
+    assert "done 20/20 cells" in capsys.readouterr().out
+    md = (tmp_path / "rep" / "study.md").read_text()
+    assert "| softmax | 81.00 ± 1.41 (n=2) |" in md  # the main table: the last point
+    # degradation, k-NN: softmax best at epoch 1 (83.5 > 81); per-seed drops 84-80 = 4, 83-82 = 1: mean 2.5,
+    # std 2.12, se 1.5 -> 2.5 <= 3: inside noise (no ‼)
+    assert "| ImageNet k-NN top-1 (k=20) | softmax | epoch 1 | 83.50 | 81.00 | 2.50 ± 2.12 (n=2) | +4.00 +1.00 |" in md
+    # entmax: 87 at both points, the earlier one is "best"; drops 86-85 = 1, 88-89 = -1
+    assert "| ImageNet k-NN top-1 (k=20) | entmax | epoch 1 | 87.00 | 87.00 | 0.00 ± 1.41 (n=2) | +1.00 -1.00 |" in md
+    # VOC entmax: 30 then 31, best at the end: no drop
+    assert "| VOC mIoU | entmax | end | 31.00 | 31.00 | 0.00 ± 0.00 (n=2) | +0.00 +0.00 |" in md
+    assert "| VOC mIoU | softmax | 30.00 ± 0.00 (n=2) | 30.00 ± 0.00 (n=2) |" in md  # the curve table
+    for task in ("knn", "voc"):
+        assert (tmp_path / "rep" / f"study_curve_{task}.png").stat().st_size > 1000
+        assert f"![study_curve_{task}.png](study_curve_{task}.png)" in md
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(tmp_path / "a" / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("imagenet_knn/curve/softmax")] == [(50, 83.5), (100, 81.0)]
+    # LAUNCHER=slurm on a fresh root: the points' evaluations are array tasks like the others
+    assert main([*argv[:2], "--root", str(tmp_path / "b"), *argv[4:], "--launcher", "slurm"]) == 0
+    ev = (tmp_path / "b" / "slurm" / "eval.sbatch").read_text()
+    assert "#SBATCH --array=0-15" in ev and ev.count("at_epoch0001.ckpt") == 8
+    assert "KeepCheckpoints" in (tmp_path / "b" / "slurm" / "pretrain.sbatch").read_text()
+    assert main([*argv, "--at", "e9"]) == 2
+    assert "AT word 'e9'" in capsys.readouterr().err
+
+
+def test_report_paths_are_relative_to_the_repo_or_the_runs_folder(monkeypatch, tmp_path):
+    """study.md names no machine's absolute path (docs/study-demo/study.md once recorded one)."""
+    from study import report
+    from tokenmix import paths
+    assert report._shown(paths.REPO / "runs" / "study" / "demo") == "runs/study/demo"
+    monkeypatch.setattr(paths, "RUNS", tmp_path / "elsewhere")
+    assert report._shown(tmp_path / "elsewhere" / "study" / "demo") == "<runs>/study/demo"
+    assert "/work/" not in (paths.REPO / "docs" / "study-demo" / "study.md").read_text()

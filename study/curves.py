@@ -1,0 +1,138 @@
+"""The study over training time (``AT``): each metric against training progress and the "degradation" table.
+
+Curve: per variant and metric, the mean ± std over seeds at every evaluated point (x = percent of the schedule,
+``study.points.progress``). Degradation of a variant on a metric: its *best* point is the one with the best
+mean (highest, or lowest for ↓ metrics), its *last* point the latest evaluated one; the drop is computed per seed,
+d_s = value_s(best) − value_s(last) (sign flipped for ↓ metrics, so a positive drop is always "got worse"), and
+reported as mean ± std with se = std/√n. It is *outside seed noise* when mean > 2·se. Picking the best point on
+the same seeds biases the drop upwards (with many points and few seeds a small positive drop is expected even
+from noise alone); the report says so.
+
+    >>> d = degradation({"e1": [(0, 50.0), (1, 52.0)], "": [(0, 46.0), (1, 47.0)]}, ["e1", ""], False)
+    >>> d.best, d.last, d.drop.mean, d.drop.values
+    ('e1', '', 4.5, (4.0, 5.0))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .points import FINAL
+from .stats import Summary, summarize
+
+
+@dataclass(frozen=True)
+class Degradation:
+    best: str           # point label with the best mean
+    last: str           # the last evaluated point
+    best_mean: float
+    last_mean: float
+    drop: Summary       # per-seed drops (positive = worse at the last point)
+
+    @property
+    def outside_noise(self) -> Optional[bool]:
+        return None if self.drop.se is None else self.drop.mean > 2 * self.drop.se
+
+
+def point_summaries(curve: dict, points: Sequence[str]) -> dict[str, Summary]:
+    """{point: Summary over seeds} for the points (in order) that have a value."""
+    out = {}
+    for p in points:
+        s = summarize([v for _, v in curve.get(p, [])])
+        if s is not None:
+            out[p] = s
+    return out
+
+
+def degradation(curve: dict, points: Sequence[str], lower_is_better: bool) -> Optional[Degradation]:
+    """``curve``: {point: [(seed, value)]}. None with fewer than two evaluated points."""
+    sums = point_summaries(curve, points)
+    if len(sums) < 2:
+        return None
+    order = list(sums)
+    sign = -1.0 if lower_is_better else 1.0
+    best = max(order, key=lambda p: (sign * sums[p].mean, -order.index(p)))  # ties: the earliest point
+    last = order[-1]
+    at_best, at_last = dict(curve[best]), dict(curve[last])
+    drops = [sign * (at_best[s] - at_last[s]) for s in sorted(at_best) if s in at_last]
+    drop = summarize(drops) or Summary((), 0, 0.0, None, None)
+    return Degradation(best, last, sums[best].mean, sums[last].mean, drop)
+
+
+def point_label(point: str) -> str:
+    return "end" if point == FINAL else ("epoch " + point[1:] if point.startswith("e") else "step " + point[1:])
+
+
+def plot_task(task: str, columns: list, variants: list[str], baseline: Optional[str], curves: dict,
+              points: Sequence[str], progress: dict, path: Path) -> bool:
+    """One PNG per task: one panel per metric, metric vs % of the schedule, a line per variant (mean) with a
+    ±std band over seeds; the baseline is drawn black and dashed. False when nothing could be drawn."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analysis.report_plots import save_png
+    cols = [c for c in columns if any(curves.get((v, c.key)) for v in variants)]
+    xs = [p for p in points if progress.get(p) is not None]
+    if not cols or not xs:
+        return False
+    fig, axes = plt.subplots(1, len(cols), figsize=(4.2 * len(cols), 3.3), squeeze=False)
+    for ax, col in zip(axes[0], cols):
+        for i, v in enumerate(variants):
+            sums = point_summaries(curves.get((v, col.key), {}), xs)
+            if not sums:
+                continue
+            x = [progress[p] for p in sums]
+            m = [s.mean for s in sums.values()]
+            sd = [s.std or 0.0 for s in sums.values()]
+            base = v == baseline
+            ax.plot(x, m, "--" if base else "-", marker="o", ms=4, color="k" if base else f"C{i}",
+                    lw=2.2 if base else 1.5, label=f"{v} (baseline)" if base else v, zorder=3 if base else 2)
+            ax.fill_between(x, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)],
+                            color="k" if base else f"C{i}", alpha=0.12 if base else 0.18, lw=0)
+        ax.set_xlabel("training progress (% of the schedule)", fontsize=8)
+        ax.set_ylabel(col.title + (" ↓" if col.lower_is_better else ""), fontsize=8)
+        ax.set_title(f"{col.title}: mean ± std over seeds", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_png(fig, path)
+    return True
+
+
+def markdown_lines(t, spec, plots: list[str]) -> list[str]:
+    """The report's "Over training" section: points, degradation table, curve plots."""
+    from .report import fmt_summary
+    L = ["", "## Over training (AT)", "",
+         "Points evaluated: " + ", ".join(f"{point_label(p)} ({t.progress[p]:.0f} %)" if t.progress.get(p)
+                                          is not None else point_label(p) for p in t.points)
+         + f" of {spec.max_epochs} epochs. The tables above use the last point.", "",
+         "**Degradation**: the drop from each variant's best point (best mean over seeds) to its last, per seed "
+         "(value at best − value at last; sign flipped for ↓ metrics, so positive = worse at the end), mean ± std "
+         "(n); ‼ = outside seed noise (mean > 2·se, se = std/√n). The best point is chosen on the same seeds, so "
+         "the drop is biased upwards: a small positive drop inside the noise is what noise alone gives.", "",
+         "| metric | variant | best point | mean at best | mean at last | drop (per seed) | seeds |",
+         "|---|---|---|---|---|---|---|"]
+    for col in t.columns:
+        for v in t.variants:
+            d = t.degradation.get((v, col.key))
+            if d is None:
+                continue
+            mark = " ‼" if d.outside_noise else ""
+            drop = fmt_summary(d.drop, col.digits)
+            seeds = " ".join(f"{x:+.{col.digits}f}" for x in d.drop.values)
+            L.append(f"| {col.title} | {v} | {point_label(d.best)} | {d.best_mean:.{col.digits}f} | "
+                     f"{d.last_mean:.{col.digits}f} | {drop}{mark} | {seeds} |")
+    if plots:
+        L += ["", "Curves: mean over seeds (line) ± std (band); the baseline black and dashed.", ""]
+        L += [f"![{p}]({p})" for p in plots]
+    L += ["", "| metric | variant | " + " | ".join(point_label(p) for p in t.points) + " |",
+          "|---|---|" + "---|" * len(t.points)]
+    for col in t.columns:
+        for v in t.variants:
+            curve = t.curves.get((v, col.key), {})
+            if curve:
+                cells = [fmt_summary(summarize([x for _, x in curve.get(p, [])]), col.digits) for p in t.points]
+                L.append(f"| {col.title} | {v} | " + " | ".join(cells) + " |")
+    return L

@@ -1,0 +1,120 @@
+"""DenseProbeCheck: a tiny pretraining writes the dense mIoU and the diffusion measures as TensorBoard scalars and a
+summary.json series; the online mIoU equals ``probes.run --solver ridge`` on the checkpoint; 2 processes give the
+numbers 1 process gives. Run as a script (``python tests/test_dense_check.py OUT DEVICES DEMO_ROOT``) it is the
+DDP worker of the last test."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CHECK = {"max_samples": 5, "img_size": 32, "batch_size": 2, "attn_images": 3}
+
+
+@pytest.fixture(scope="module")
+def small_voc(tmp_path_factory):
+    from datamodules.demo import DemoSpec, ensure_demo_data
+    return ensure_demo_data(tmp_path_factory.mktemp("demo"), spec=DemoSpec(cls_train=2, cls_val=2, voc_train=6,
+                                                                          voc_val=5, nyu_train=2, nyu_test=2))
+
+
+@pytest.mark.timeout(600)
+def test_pretraining_series_tensorboard_and_the_probe_cli_agree(tmp_path, small_voc):
+    import yaml
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from lightning_modules.pretrain import main as pretrain
+    from probes.run import main as probe
+    from study.points import keep_args
+    cbs = yaml.safe_load((REPO / "configs/pretrain/tiny.yaml").read_text())["trainer"]["callbacks"]
+    cbs.insert(-1, {"class_path": "lightning_modules.dense_check.DenseProbeCheck",
+                    "init_args": {"data_root": str(small_voc), "every_n_epochs": 1, **CHECK}})
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs}}))
+    assert pretrain(["--variant", "entmax", "--preset", "tiny", "--runs-dir", str(tmp_path / "runs"),
+                     f"--config={extra}", "--trainer.enable_progress_bar=false", *keep_args(("e1", ""))]) == 0
+    [summary] = (tmp_path / "runs").glob("entmax/pretrain/tiny/version_0/summary.json")
+    series = json.loads(summary.read_text())["metrics"]["dense_series"]
+    # start, end of epoch 1, end: 3 points, each with every measure
+    assert [(p["when"], p["step"], p["epoch"]) for p in series] == [("start", 0, 0), ("epoch", 3, 1), ("end", 6, 2)]
+    keys = ["dense/mIoU", "diffusion/pib_cls", "diffusion/cls_patch_cosine", "diffusion/effective_rank",
+            "diffusion/attn_entropy", "diffusion/attn_zero_share"]
+    for p in series:
+        assert all(p[k] is not None for k in keys), p
+        assert 0 <= p["dense/mIoU"] <= 100 and 1 <= p["diffusion/effective_rank"] <= 32  # width 32
+        assert 0 < p["diffusion/attn_entropy"] <= __import__("math").log(17) + 1e-6  # 16 patches + [CLS]
+    acc = EventAccumulator(str(summary.parent))
+    acc.Reload()
+    for k in keys:
+        assert [e.step for e in acc.Scalars(k)] == [0, 3, 6], k
+
+    # the probe CLI with the same reduced settings on the checkpoints of the end and (the flags `make study AT=`
+    # adds) of epoch 1: the same numbers as the online check at those points
+    for ckpt, point in (("last.ckpt", series[-1]), ("at_epoch0001.ckpt", series[1])):
+        res = probe(["--task", "voc", "--ckpt", str(summary.parent / "checkpoints" / ckpt), "--data", "demo",
+                     "--data-root", str(small_voc), "--solver", "ridge", "--max-samples", str(CHECK["max_samples"]),
+                     "--img-size", str(CHECK["img_size"]), "--batch-size", "2", "--runs-dir", str(tmp_path / "probe")])
+        m = json.loads(Path(res).read_text())["metrics"]
+        assert m["solver"] == "ridge"
+        assert m["mIoU"] == pytest.approx(point["dense/mIoU"], abs=1e-9), ckpt
+        assert m["aAcc"] == pytest.approx(point["dense/aAcc"], abs=1e-9), ckpt
+
+
+def _worker(out: str, devices: int, root: str) -> None:
+    """A LightningModule holding a random ``teacher.backbone``; one optimizer step of a dummy parameter (the
+    backbone stays as it was), DenseProbeCheck at the start and the end; rank 0 writes the series."""
+    import lightning as L
+    import torch
+
+    from backbones import create_vit
+    from lightning_modules.dense_check import DenseProbeCheck
+
+    class Fake(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.teacher = torch.nn.Module()
+            self.teacher.backbone = create_vit("vit_test_patch8", "entmax", seed=0).requires_grad_(False)
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def training_step(self, batch, i):
+            return (self.w ** 2).sum() + 0 * batch.sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD([self.w], lr=0.1)
+
+    cb = DenseProbeCheck(data_root=root, **CHECK)
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto", max_steps=1,
+                        callbacks=[cb], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(Fake(), torch.utils.data.DataLoader(torch.zeros(4, 1), batch_size=1))
+    if trainer.global_rank == 0:
+        Path(out).write_text(json.dumps(cb.series))
+
+
+@pytest.mark.timeout(600)
+def test_two_processes_equal_one(tmp_path, small_voc):
+    from helpers.procs import run
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", OMP_NUM_THREADS="1")
+    got = {}
+    for n in (1, 2):
+        out = tmp_path / f"series{n}.json"
+        r = run([sys.executable, __file__, str(out), str(n), str(small_voc)], timeout=500, cwd=REPO, env=env)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+        got[n] = json.loads(out.read_text())
+    assert [p["when"] for p in got[2]] == ["start", "end"]
+    for one, two in zip(got[1], got[2]):  # 5 + 5 images: shards of 3 and 2 images
+        for k, v in one.items():
+            if isinstance(v, str):
+                assert two[k] == v
+            elif k in ("dense/mIoU", "dense/aAcc", "dense/mAcc", "diffusion/pib_cls"):  # counts: the same
+                assert two[k] == pytest.approx(v, abs=1e-9), k
+            elif k != "dense/seconds":  # other batches of float32 forwards: the last bits differ
+                assert two[k] == pytest.approx(v, rel=1e-5), k
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], int(sys.argv[2]), sys.argv[3])
