@@ -4,7 +4,7 @@
 #   RESUME=1|<path>  LAYER=<block index>|all  ARGS="<extra LightningCLI / script flags>"
 #   OBJECTIVE=dino|supervised (make pretrain: DINO self-distillation, or LaSt-ViT's label-supervised recipe)
 #   make study: VARIANTS="v1 v2"  SEEDS=<count or list>  TASKS="t1 t2"  PRESET=demo|tiny|paper  LAUNCHER=local|slurm
-#   DRY_RUN=1  STUDY=<name>  (docs/study.md)
+#   DRY_RUN=1  STUDY=<name>  AT="25% 50% 100%" (training points evaluated; or e<epoch> / s<step>)  (docs/study.md)
 SHELL := /bin/bash
 PY := .venv/bin/python
 VARIANT ?= softmax
@@ -26,8 +26,9 @@ TASKS ?= knn voc nyuv2 pib corloc
 PRESET ?= $(if $(filter demo,$(DATA)),demo,paper)
 LAUNCHER ?= local
 DRY_RUN ?=
+AT ?=
 
-.PHONY: install test pretrain probe analyze report study check-data export bench gpu-check tensorboard demo-data clean
+.PHONY: install test pretrain probe analyze report study check-data export bench gpu-check gpu-wheels gpu-compat tensorboard demo-data clean
 
 install: .venv/.installed
 
@@ -58,7 +59,7 @@ report: install
 	$(PY) -m analysis.report $(ARGS)
 
 study: install
-	$(PY) -m study --name '$(STUDY)' --variants '$(VARIANTS)' --seeds '$(SEEDS)' --tasks '$(TASKS)' --preset '$(PRESET)' --data '$(DATA)' --data-root '$(DATA_ROOT)' --launcher '$(LAUNCHER)' $(if $(filter-out 0 no false,$(DRY_RUN)),--dry-run) $(ARGS)
+	$(PY) -m study --name '$(STUDY)' --variants '$(VARIANTS)' --seeds '$(SEEDS)' --tasks '$(TASKS)' --preset '$(PRESET)' --data '$(DATA)' --data-root '$(DATA_ROOT)' --launcher '$(LAUNCHER)' --at '$(AT)' $(if $(filter-out 0 no false,$(DRY_RUN)),--dry-run) $(ARGS)
 
 check-data: install
 	$(PY) -m datamodules.check --task '$(TASK)' --data-root '$(DATA_ROOT)' $(ARGS)
@@ -66,9 +67,43 @@ check-data: install
 bench: install
 	$(PY) -m bench.run $(ARGS)
 
-# CUDA only (prints "no CUDA GPU: skipped" elsewhere): Triton kernel check, ViT and DINO-step timings
-gpu-check: install
-	$(PY) -m bench.gpu_check $(ARGS)
+# CUDA only (prints "no CUDA GPU: skipped" elsewhere; ARGS="--smoke --out DIR": the CPU rehearsal), parts (a)-(e),
+# docs/performance.md "GPU check". PYTHON=python3: that interpreter as it is (no .venv, no install, no network);
+# what it lacks comes from .whl/ (`make gpu-wheels`, run where there is network), installed into a temporary
+# folder first. `make gpu-compat` (not in CI) rehearses that in a scratch venv with the GPU image's versions.
+PYTHON ?=
+GPU_PY = $(or $(PYTHON),$(PY))
+GPU_DEPS = $(if $(PYTHON),,install)
+GPU_WHEELS = entmax==1.3 jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0 rich==15.0.0 \
+	markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0
+COMPAT_PYTHON ?= python3.12
+COMPAT_VENV ?= .gpu-compat
+# numpy<2.5: Triton 3.6's interpreter (the --smoke kernel rows; a GPU runs compiled kernels) converts 1-element
+# arrays to scalars, which numpy 2.5 refuses ("only 0-dimensional arrays can be converted to Python scalars")
+COMPAT_PKGS = torch==2.11.0 triton==3.6.0 torchvision==0.26.0 lightning==2.6.6 torchmetrics==1.9.0 timm==1.0.31 \
+	tensorboard pyyaml 'numpy<2.5' pillow
+
+gpu-check: $(GPU_DEPS)
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	if [ -n "$(PYTHON)" ]; then \
+	  if ls .whl/*.whl >/dev/null 2>&1; then \
+	    $(GPU_PY) -m pip install --quiet --disable-pip-version-check --no-index --no-deps --find-links .whl \
+	      --target "$$tmp" .whl/*.whl || for w in .whl/*.whl; do $(GPU_PY) -m zipfile -e "$$w" "$$tmp"; done; \
+	  else echo "no .whl/ here: run 'make gpu-wheels' where there is network and copy .whl/ along"; fi; \
+	fi; \
+	PYTHONPATH="$$tmp:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PY) -m bench.gpu_check $(ARGS)
+
+gpu-wheels: $(GPU_DEPS)
+	$(GPU_PY) -m pip download --quiet --disable-pip-version-check --only-binary=:all: --no-deps \
+		--python-version 3.12 --implementation cp --abi cp312 --platform manylinux_2_28_x86_64 \
+		--platform any -d .whl $(GPU_WHEELS)
+
+gpu-compat: gpu-wheels
+	test -x $(COMPAT_VENV)/bin/python || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/pip install --quiet --disable-pip-version-check $(COMPAT_PKGS)
+	$(COMPAT_VENV)/bin/python -c "import importlib.util as u, sys; bad = [m for m in ('entmax', 'jsonargparse', \
+		'mmseg', 'mmcv', 'mmengine') if u.find_spec(m)]; sys.exit(f'not the GPU image: has {bad}' if bad else 0)"
+	$(MAKE) gpu-check PYTHON=$(COMPAT_VENV)/bin/python ARGS="--smoke --out $(or $(OUT),runs/gpu-compat) $(ARGS)"
 
 tensorboard: install
 	.venv/bin/tensorboard --logdir runs

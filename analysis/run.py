@@ -13,6 +13,8 @@ import sys
 import torch
 
 from tokenmix.cli import eval_parent_parser, finish_eval_args
+from tokenmix.launch import global_rank
+from tokenmix.precision import device_line
 from tokenmix.results import backbone_entry
 
 from .data import default_resize, iter_samples, open_dataset
@@ -37,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-vis", type=int, default=8, help="images shown in the figures")
     p.add_argument("--pib-subset", default="", choices=("", "all", "single_small"),
                    help="single_small = one object with box < 25%% of the image (default for ImageNet)")
+    p.add_argument("--pib-rule", default="overlap", choices=("overlap", "reference"),
+                   help="box -> patches: overlap = patches sharing area with the box after torchvision's exact "
+                        "resize/crop; reference = LaSt-ViT's bbox_to_patch_set (README, deviations)")
     p.add_argument("--fg-threshold", type=float, default=0.5)
     p.add_argument("--lost-features", default="k", choices=("k", "patch"))
     p.add_argument("--k-patches", type=int, default=100)
@@ -71,7 +76,8 @@ def options(args, model) -> Options:
     return Options(crop=crop, resize=args.resize or default_resize(crop), batch_size=args.batch_size,
                    num_vis=args.num_vis, fg_threshold=args.fg_threshold, lost_features=args.lost_features,
                    k_patches=args.k_patches, device=args.device,
-                   pib_subset=args.pib_subset or ("single_small" if args.data == "imagenet" else "all"))
+                   pib_subset=args.pib_subset or ("single_small" if args.data == "imagenet" else "all"),
+                   pib_rule=args.pib_rule, interpolation="bilinear" if args.task.strip() == "pib" else "bicubic")
 
 
 def main(argv=None) -> dict:
@@ -84,6 +90,8 @@ def main(argv=None) -> dict:
     if a.check is not None:
         a.check(info.model)
     model = info.model.eval().to(args.device if world == 1 else "cpu")  # DDP: Lightning places each rank's copy
+    if global_rank() == 0:
+        print(f"[analysis] {device_line(args.device)}", flush=True)  # GPU + bf16 autocast, or CPU fp32
     # the run folder is named after what the checkpoint really is (a CKPT's recorded variant wins over VARIANT)
     label = args.name or info.run_name
     opts = options(args, model)
@@ -96,7 +104,7 @@ def main(argv=None) -> dict:
         numbers = (a.finish(model, records, run, opts) if records is not None
                    else a.runner(model, iter_samples(dataset, max_images), run, opts))
         config = {**vars(args), "split": args.split or a.split, "max_images": max_images, "crop": opts.crop,
-                  "resize": opts.resize, "data_root": args.data_root or None}
+                  "resize": opts.resize, "interpolation": opts.interpolation, "data_root": args.data_root or None}
         out = run.write_results(task=a.name, variant=label, data=args.data, metrics=numbers, config=config,
                                 backbone=backbone_entry(info.config, info.checkpoint, info.sha256, info.source))
     finally:
@@ -107,6 +115,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    from tokenmix.launch import install_stop_handlers
+    install_stop_handlers()  # SIGTERM / SIGINT end every rank within seconds (tokenmix/launch.py)
     try:
         main()
     except (FileNotFoundError, ValueError, RuntimeError) as e:  # LaunchError is a ValueError

@@ -10,7 +10,7 @@ import torch
 
 from . import figures
 from tokenmix.attention_stats import attention_stats, cls_attention_maps
-from .boxes import boxes_to_patch_mask
+from .boxes import boxes_to_patch_mask, reference_patch_mask
 from .data import Sample, crop_boxes
 from .lost import extract_corloc, finish_corloc
 from .norms import norm_distribution, patch_norms
@@ -46,7 +46,8 @@ def _pib_masks(buf, rcs, grid, ps, opts: Options):
         is_small = single_small_object(s.boxes, W, H)
         keep.append(opts.pib_subset != "single_small" or is_small)
         if keep[-1]:
-            m = boxes_to_patch_mask(crop_boxes(s, rc), grid, ps)
+            m = boxes_to_patch_mask(crop_boxes(s, rc), grid, ps) if opts.pib_rule != "reference" else \
+                reference_patch_mask(s.boxes, W, H, opts.resize, opts.crop, ps)
             masks.append(m)
             small.append(is_small)
             chance.append(m.float().mean())  # PiB of a top patch drawn uniformly at random

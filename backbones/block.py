@@ -11,6 +11,10 @@
   was multiplied by 0, so skipping it changes nothing. Not on a GPU (the kept rows would need a host
   synchronisation) nor while ``torch.compile`` traces (a data-dependent shape): timm's path there.
 
+Neither applies when someone watches the block (``observed``: forward / backward hooks on the block or its
+``attn``, global module hooks, ``attn.record``): they see every sample and every token, as in timm's block. The
+drop-path one neither with a per-sample ``attn_mask`` (its rows would not follow the kept samples).
+
 Both are the same maths as ``Block.forward``: the kept rows go through the same ops, so results agree to
 rounding (``tests/test_backbone.py`` compares outputs and every gradient). ``SpecializedBlock`` builds on it.
 
@@ -44,8 +48,15 @@ class TokenMixBlock(Block):
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                 is_causal: bool = False) -> torch.Tensor:
-        x = _residual(x, x, lambda t: self._attn(t, attn_mask, is_causal), self.drop_path1)
-        return _residual(x, x, self._mlp, self.drop_path2)
+        # per-sample masks (not subset with the batch) or a user watching this block: every sample, timm's way
+        full = _per_sample(attn_mask) or self.observed()
+        x = _residual(x, x, lambda t: self._attn(t, attn_mask, is_causal), self.drop_path1, full)
+        return _residual(x, x, self._mlp, self.drop_path2, full)
+
+    def observed(self) -> bool:
+        """True when someone watches this block or its attention (module hooks, global ones included, or
+        ``attn.record``): they must see every sample and token, so neither shortcut applies."""
+        return getattr(self.attn, "record", False) or any(_hooked(m) for m in (self, self.attn))
 
     def forward_queries(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """``self(x)[:, :n]`` with only the first ``n`` tokens as queries (no mask: a ViT's last block)."""
@@ -53,10 +64,24 @@ class TokenMixBlock(Block):
         return _residual(y, y, self._mlp, self.drop_path2)
 
 
-def _residual(base: torch.Tensor, x: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tensor], drop_path):
-    """``base + drop_path(branch(x))``; on a CPU in training the branch runs on the kept samples only."""
+def _hooked(m: torch.nn.Module) -> bool:
+    from torch.nn.modules import module as M
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+                or M._global_forward_hooks or M._global_forward_pre_hooks or M._global_backward_hooks
+                or M._global_backward_pre_hooks)
+
+
+def _per_sample(attn_mask: Optional[torch.Tensor]) -> bool:
+    """A mask with one entry per sample ((B, ...) with B > 1), which a subset of the batch would not match."""
+    return attn_mask is not None and attn_mask.ndim > 2 and attn_mask.shape[0] > 1
+
+
+def _residual(base: torch.Tensor, x: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tensor], drop_path,
+              full: bool = False):
+    """``base + drop_path(branch(x))``; on a CPU in training the branch runs on the kept samples only, unless
+    ``full``."""
     p = drop_path.drop_prob if isinstance(drop_path, DropPath) and drop_path.training else 0.0
-    if not (p > 0 and x.device.type == "cpu") or torch.compiler.is_compiling():
+    if full or not (p > 0 and x.device.type == "cpu") or torch.compiler.is_compiling():
         return base + drop_path(branch(x))
     keep = 1 - p
     mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)  # timm's draw, same RNG use

@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -47,13 +48,23 @@ LIGHTNING_LAYOUT = {
 }
 
 
-def write_entry(checkpoint: dict, config: BackboneConfig, kind: str, **extra: Any) -> dict:
+def runtime_record(model: torch.nn.Module) -> dict:
+    """How ``model`` computes, beside what rebuilds its weights (``BackboneConfig``): the resolved GEMM backend of
+    its linear layers (``backbones/linear.py``; ``auto`` resolves per host, so a resume on another CPU vendor
+    could otherwise change the rounding unseen)."""
+    from .linear import FastLinear
+    backends = sorted({m.backend for m in model.modules() if isinstance(m, FastLinear)})
+    return {"linear_backend": ",".join(backends) or "aten"}
+
+
+def write_entry(checkpoint: dict, config: BackboneConfig, kind: str, runtime: Optional[dict] = None,
+                **extra: Any) -> dict:
     """``checkpoint["tokenmix"]``: the backbone config (plain types, weights_only-loadable), its arch/variant (kept
-    at the top for older readers), the kind of run and ``extra`` (plain values)."""
+    at the top for older readers), the kind of run, ``runtime`` (``runtime_record``) and ``extra`` (plain values)."""
     if kind not in LIGHTNING_LAYOUT:
         raise ValueError(f"kind must be one of {', '.join(LIGHTNING_LAYOUT)}, got {kind!r}")
     checkpoint[ENTRY] = {"backbone": config.to_dict(), "variant": config.variant, "arch": config.arch,
-                         "kind": kind, **extra}
+                         "kind": kind, **({"runtime": dict(runtime)} if runtime else {}), **extra}
     return checkpoint[ENTRY]
 
 
@@ -68,10 +79,18 @@ def read_entry(checkpoint: Mapping[str, Any], source: str = "checkpoint") -> tup
     return BackboneConfig.from_dict(entry["backbone"], source), {"kind": DINO, **entry}
 
 
-def check_resume_config(checkpoint: Mapping[str, Any], mine: BackboneConfig, kind: str) -> dict:
+def check_resume_config(checkpoint: Mapping[str, Any], mine: BackboneConfig, kind: str,
+                        runtime: Optional[dict] = None) -> dict:
     """The entry of the checkpoint a ``kind`` run building ``mine`` resumes from (Lightning's
-    ``on_load_checkpoint``); ``CheckpointError`` for another kind of run or another backbone config."""
+    ``on_load_checkpoint``); ``CheckpointError`` for another kind of run or another backbone config. A
+    ``runtime`` record (``runtime_record``) other than the checkpoint's is allowed but warned, naming both."""
     config, entry = read_entry(checkpoint)
+    theirs_rt = entry.get("runtime") or {}
+    for k, v in (runtime or {}).items():
+        if k in theirs_rt and theirs_rt[k] != v:
+            warnings.warn(f"resuming a run trained with {k}={theirs_rt[k]} under {k}={v}: the same arithmetic in "
+                          f"another order, so the continuation is not bitwise the run that {theirs_rt[k]} would "
+                          f"have produced (set TOKENMIX_LINEAR_BACKEND={theirs_rt[k]} to keep it)", stacklevel=2)
     if entry["kind"] != kind:
         raise CheckpointError(f"a {entry['kind']} checkpoint, not a {kind} one; RESUME continues runs of the same "
                               "objective")

@@ -7,10 +7,13 @@ the input gradient and ~300 for the weight gradient (docs/performance.md, "oneDN
 arithmetic in another summation order: results agree to fp32 rounding, not bit for bit
 (tests/test_linear_backend.py).
 
-``backend`` (``TokenMixViT(linear_backend=...)``, a runtime choice like ``entmax_backend``, not recorded in
-checkpoints): ``aten`` = ``F.linear``; ``onednn`` = oneDNN on CPU fp32 tensors outside autocast and
-``torch.compile`` (``F.linear`` otherwise); ``auto`` = ``onednn`` on non-Intel x86 CPUs, ``aten`` elsewhere
-(on Intel CPUs MKL is Intel's own tuned path; the choice never depends on a timing, so a run resumes the same).
+``backend`` (``TokenMixViT(linear_backend=...)``, a runtime choice like ``entmax_backend``: it does not change
+the weights, so ``BackboneConfig`` leaves it out; checkpoints record the resolved one beside it, see
+``backbones/checkpoint.py``): ``aten`` = ``F.linear``; ``onednn`` = oneDNN on CPU fp32 tensors outside autocast
+and ``torch.compile`` (``F.linear`` otherwise); ``auto`` = ``$TOKENMIX_LINEAR_BACKEND`` (``aten`` | ``onednn``) when
+set, else ``onednn`` on non-Intel x86 CPUs and ``aten`` elsewhere (on Intel CPUs MKL is Intel's own tuned path;
+the choice never depends on a timing). The variable gives every host one meaning: the test suite runs its
+end-to-end tests under both backends whatever the CPU vendor.
 
     >>> import torch
     >>> lin = FastLinear(8, 4, backend="onednn")
@@ -21,6 +24,7 @@ checkpoints): ``aten`` = ``F.linear``; ``onednn`` = oneDNN on CPU fp32 tensors o
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from pathlib import Path
 from typing import Optional
@@ -43,12 +47,21 @@ def _cpu_vendor() -> str:
     return ""
 
 
+ENV = "TOKENMIX_LINEAR_BACKEND"
+
+
 def resolve(backend: str) -> str:
-    """``auto`` -> ``onednn`` or ``aten`` for this machine; an unknown name raises."""
+    """``auto`` -> ``$TOKENMIX_LINEAR_BACKEND`` if set, else ``onednn`` or ``aten`` for this machine; an unknown
+    name raises."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown linear backend '{backend}'; valid: {', '.join(BACKENDS)}")
     if backend != "auto":
         return backend
+    forced = os.environ.get(ENV, "").strip()
+    if forced:
+        if forced not in ("aten", "onednn"):
+            raise ValueError(f"{ENV}={forced!r}: valid values are aten and onednn (unset it for auto)")
+        return forced
     x86 = platform.machine().lower() in ("x86_64", "amd64")
     return "onednn" if x86 and torch.backends.mkldnn.is_available() and _cpu_vendor() not in ("", "GenuineIntel") \
         else "aten"

@@ -149,9 +149,11 @@ class TokenMixViT(VisionTransformer):
         ``num_classes`` > 0 the logits of the linear ``head`` on it.
 
         Only [CLS] is a query in the last block (``TokenMixBlock.forward_queries``): the other tokens' last-block
-        outputs never reach it. ``lastvit`` aggregates the patch tokens, so it runs the whole last block."""
+        outputs never reach it. ``lastvit`` aggregates the patch tokens, so it runs the whole last block, as does
+        a last block someone watches (hooks on it or its ``attn``, ``attn.record``: ``TokenMixBlock.observed``)."""
         last = self.blocks[-1]
-        if self.aggregator is not None or self.grad_checkpointing or not hasattr(last, "forward_queries"):
+        if self.aggregator is not None or self.grad_checkpointing or not hasattr(last, "forward_queries") \
+                or last.observed():
             return self.head(self._split(self.forward_features(x), last=True, votes=False)["cls"])
         x = self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(x))))
         for blk in self.blocks[:-1]:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from backbones import create_vit, parse_variant
-from backbones.checkpoint import DINO, check_resume_config, write_entry
+from backbones.checkpoint import DINO, check_resume_config, runtime_record, write_entry
 from lightning_modules.dino_head import DINOHead, MultiCropWrapper
 from lightning_modules.dino_loss import DINOLoss
 from lightning_modules.fast_ops import clip_grad_norms_, ema_
@@ -281,7 +281,8 @@ class DINOPretrainModule(pl.LightningModule):
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self._raise_if_nonfinite()  # never write a checkpoint past a non-finite loss
-        write_entry(checkpoint, self.student.backbone.backbone_config, kind=DINO)
+        write_entry(checkpoint, self.student.backbone.backbone_config, kind=DINO,
+                    runtime=runtime_record(self.student.backbone))
         # RNG streams (drop-path draws from the global generator) of every rank: Lightning calls this hook on all
         # ranks (rank 0 writes the file), so the gather is reached by each
         checkpoint["tokenmix_rng"] = {"torch": torch.get_rng_state(),
@@ -297,6 +298,7 @@ class DINOPretrainModule(pl.LightningModule):
         return self.trainer.strategy.all_gather(state.to(self.device)).cpu()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        check_resume_config(checkpoint, self.student.backbone.backbone_config, kind=DINO)
+        check_resume_config(checkpoint, self.student.backbone.backbone_config, kind=DINO,
+                            runtime=runtime_record(self.student.backbone))
         rng = checkpoint.get("tokenmix_rng")
         self._rng_to_restore = rng if isinstance(rng, dict) and "torch" in rng else None

@@ -20,7 +20,6 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
@@ -32,8 +31,9 @@ from lightning_modules.checkpoint_io import AtomicCheckpointIO
 from lightning_modules.dino_module import DINOPretrainModule, NonFiniteLossError
 from tokenmix import paths
 from tokenmix.io import CheckpointError
-from tokenmix.launch import (DEFAULT_TIMEOUT_MIN, LaunchError, cluster_num_nodes, ddp_strategy,
-                             global_rank, refuse_unlaunched_multinode, wants_sync_batchnorm)
+from tokenmix.precision import cpu_precision_args
+from tokenmix.launch import (DEFAULT_TIMEOUT_MIN, LaunchError, cluster_num_nodes, ddp_strategy, global_rank,
+                             install_stop_handlers, refuse_unlaunched_multinode, wants_sync_batchnorm)
 
 CONFIGS = paths.REPO / "configs"
 PRESETS = ("paper", "demo", "tiny")
@@ -126,6 +126,8 @@ def build_args(variant: str, data: str, data_root: str, preset: str, runs: Path,
              f"--trainer.logger.name={preset_file(preset).stem}"]
     if version:
         args.append(f"--trainer.logger.version={version}")
+    if data == "folder":  # the folder's index is cached beside the run's version folders (datamodules/folder.py)
+        args.append(f"--data.index_dir={runs / variant / 'pretrain' / preset_file(preset).stem}")
     return args + rest
 
 
@@ -212,9 +214,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     args = build_args(variant, known.data, known.data_root, preset, runs, resume_path, rest)
-    if not torch.cuda.is_available() and not any(a.startswith("--trainer.precision") for a in rest):
-        # mixed precision only where the device supports it (the paper preset asks for 16-mixed): fp32 on CPU
-        args.append("--trainer.precision=32-true")
+    # mixed precision only where the device supports it (paper: 16-mixed, demo: bf16-mixed): fp32 on the CPU
+    args += cpu_precision_args(rest)
     PretrainCLI.dist_timeout_min = known.dist_timeout
     try:
         cli = build_cli(PretrainCLI, DINOPretrainModule, DINOPretrainDataModule, args)
@@ -262,4 +263,5 @@ def fit(cli: LightningCLI, resume_path: Optional[str], quiet: tuple[str, ...] = 
 
 
 if __name__ == "__main__":
+    install_stop_handlers()  # SIGTERM / SIGINT end every rank within seconds (tokenmix/launch.py)
     sys.exit(main())

@@ -25,7 +25,7 @@ from lightning_modules.pretrain import (CONFIGS, PretrainCLI, build_args, build_
 from lightning_modules.supervised_module import SupervisedModule, validate_supervised_checkpoint
 from tokenmix import paths
 from tokenmix.io import CheckpointError
-from tokenmix.launch import LaunchError, refuse_unlaunched_multinode
+from tokenmix.launch import LaunchError, install_stop_handlers, refuse_unlaunched_multinode
 
 PRESETS = ("supervised_demo", "supervised_paper")
 
@@ -104,4 +104,5 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    install_stop_handlers()  # SIGTERM / SIGINT end every rank within seconds (tokenmix/launch.py)
     sys.exit(main())

@@ -26,7 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics.classification import MulticlassAccuracy
 
 from backbones import create_vit, parse_variant
-from backbones.checkpoint import SUPERVISED, check_resume_config, validate_lightning, write_entry
+from backbones.checkpoint import SUPERVISED, check_resume_config, runtime_record, validate_lightning, write_entry
 from lightning_modules.callbacks import FixedImagesCallback, _grid_images, _tb
 from lightning_modules.dino_module import NonFiniteLossError, _plain
 from tokenmix.results import write_summary
@@ -162,10 +162,12 @@ class SupervisedModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # the recorded backbone is the feature backbone (probes, analyses); the head's size sits beside it
         write_entry(checkpoint, self.backbone.backbone_config.replace(num_classes=0), kind=SUPERVISED,
-                    num_classes=int(self.hparams.num_classes), random_init=_plain(dict(self.random_init)))
+                    runtime=runtime_record(self.backbone), num_classes=int(self.hparams.num_classes),
+                    random_init=_plain(dict(self.random_init)))
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        meta = check_resume_config(checkpoint, self.backbone.backbone_config.replace(num_classes=0), kind=SUPERVISED)
+        meta = check_resume_config(checkpoint, self.backbone.backbone_config.replace(num_classes=0), kind=SUPERVISED,
+                                   runtime=runtime_record(self.backbone))
         self.random_init = dict(meta.get("random_init") or {})
 
 

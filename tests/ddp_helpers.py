@@ -81,5 +81,7 @@ def _analyses_main() -> int:
 
 
 if __name__ == "__main__":
+    from tokenmix.launch import install_stop_handlers
+    install_stop_handlers()
     mode = {"probes": _probes_main, "analyses": _analyses_main}.get(sys.argv[1] if len(sys.argv) > 1 else "")
     sys.exit(mode() if mode else _pausing_main())

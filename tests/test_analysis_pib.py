@@ -145,6 +145,9 @@ def test_pib_end_to_end_on_hand_built_scenes():
     assert res["pib_chance"] == pytest.approx(100 * sum(shares) / 3, abs=1e-3)
     only_small = run_pib(RedDetector(), [s1, s2, s3], FakeRun(), Options(pib_subset="single_small", num_vis=0))
     assert only_small["n_images"] == 3 and only_small["n_single_small"] == 3
+    # --pib-rule reference: LaSt-ViT's box -> patch rule end to end (chance level from its patch sets)
+    ref = run_pib(RedDetector(), [s1, s2, s3], FakeRun(), Options(pib_rule="reference", num_vis=0))
+    assert ref["pib"] == res["pib"] and ref["pib_chance"] == pytest.approx(100 * sum(shares) / 3, abs=1e-3)
 
 
 def test_lastvit_pib_on_both_tokens():
@@ -174,3 +177,53 @@ def test_lastvit_pib_on_both_tokens():
     assert res["pib_aggregated"] == pytest.approx(100 * sum(agg_hits) / 12, abs=1e-3)
     assert cls_hits != agg_hits  # the two tokens pick different patches here: the test tells them apart
     assert len(res["pib_cls_per_layer"]) == 2 and res["pib_cls_per_layer"][-1] == res["pib_cls"]
+
+
+# ----------------------------------------------------------------- --pib-rule reference: LaSt-ViT's own rule
+def _random_boxes(n: int, seed: int = 0):
+    """ImageNet-like frames (short side 200-500, aspect 0.6-1.8) and boxes, some on patch edges, some outside
+    the centre crop."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        w = int(torch.randint(200, 900, (1,), generator=g))
+        h = int(torch.randint(200, 600, (1,), generator=g))
+        x0, x1 = sorted(torch.rand(2, generator=g).mul(w).tolist())
+        y0, y1 = sorted(torch.rand(2, generator=g).mul(h).tolist())
+        if i % 5 == 0:  # integer corners: edges land on patch boundaries more often
+            x0, y0, x1, y1 = float(int(x0)), float(int(y0)), float(int(x1)) + 1, float(int(y1)) + 1
+        out.append(((x0, y0, x1, y1), w, h))
+    return out
+
+
+def test_reference_rule_equals_lastvits_bbox_to_patch_set():
+    from analysis.boxes import reference_patch_mask
+    for box, w, h in _random_boxes(400):
+        got = reference_patch_mask(torch.tensor([box]), w, h, 256, 224, 16)
+        assert set(got.nonzero().flatten().tolist()) == _lastvit_bbox_to_patch_set(box, w, h), (box, w, h)
+    # a box the centre crop removes: LaSt-ViT clamps it onto the border patches (a hit there counts); ours: none
+    gone = (0.0, 0.0, 20.0, 100.0)  # left margin of a 600x300 frame (crop starts at x = 144 after resizing)
+    assert reference_patch_mask(torch.tensor([gone]), 600, 300).reshape(14, 14)[:, 0].any()
+    assert not boxes_to_patch_mask(map_boxes(torch.tensor([gone]), resize_crop_params(600, 300, 256, 224)),
+                                   (14, 14), 16).any()
+
+
+def test_default_rule_differs_from_the_reference_on_few_boxes():
+    """The measured difference behind README's deviation entry: share of boxes whose patch set differs."""
+    from analysis.boxes import reference_patch_mask
+    boxes = _random_boxes(1000, seed=1)
+    differ = 0
+    for box, w, h in boxes:
+        mapped = map_boxes(torch.tensor([box]), resize_crop_params(w, h, 256, 224))
+        ours = boxes_to_patch_mask(mapped, (14, 14), 16)
+        same = torch.equal(ours, reference_patch_mask(torch.tensor([box]), w, h))
+        differ += int(not same)
+        # the rules can differ only at the edges: a box inside the crop whose corners sit > 2 px from every
+        # patch edge selects the same patches under both (their mappings differ by < 2 px: floor- vs
+        # round-halved crop offset, 256/short side vs torchvision's truncated size / side as the scale)
+        c = mapped[0]
+        clear = bool(((c > 2) & (c < 222)).all()) and bool(((c % 16 > 2) & (c % 16 < 14)).all())
+        assert same or not clear, (box, w, h)
+    share = differ / len(boxes)
+    print(f"--pib-rule overlap vs reference: {100 * share:.1f}% of {len(boxes)} random boxes differ")
+    assert differ > 0

@@ -1,7 +1,6 @@
 """End to end: `python -m analysis.run` for every task on a tiny VOC-layout dataset and a tiny checkpoint."""
 import hashlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from helpers import procs
 from analysis import run as analysis_run
 from analysis.registry import TASKS
 from tokenmix import paths
@@ -83,7 +83,8 @@ def _pib_recomputed(ckpt, data, res):
     model = backbones.backbone_from_checkpoint(ckpt).eval()
     hits, agg_hits, shares = [], [], []
     for s in iter_samples(open_dataset("voc", str(data), "val", boxes=True, image_set="Segmentation")):
-        x, rc = eval_crop(s.image, res["config"]["resize"], res["config"]["crop"])
+        # the recorded view: PiB resizes bilinear, as LaSt-ViT's T.Resize(256)
+        x, rc = eval_crop(s.image, res["config"]["resize"], res["config"]["crop"], res["config"]["interpolation"])
         y = model.forward_features(x[None])
         g = res["config"]["crop"] // model.patch_size
         box = boxes_to_patch_mask(map_boxes(s.boxes, rc), (g, g), model.patch_size)
@@ -233,8 +234,8 @@ def test_baseline_and_devices_refusals(setup):  # --devices 2 itself: tests/test
 
 
 def test_cli_exit_code_and_message():
-    r = subprocess.run([sys.executable, "-m", "analysis.run", "--task", "bogus", "--variant", "softmax",
-                        "--ckpt", "", "--data", "demo", "--data-root", ""], cwd=REPO, capture_output=True, text=True)
+    r = procs.run([sys.executable, "-m", "analysis.run", "--task", "bogus", "--variant", "softmax",
+                   "--ckpt", "", "--data", "demo", "--data-root", ""], cwd=REPO, timeout=120)
     assert r.returncode != 0 and "Valid tasks" in r.stderr
 
 

@@ -128,8 +128,13 @@ def test_entmax15_attention_equals_entmax_library_and_is_sparse():
     assert torch.allclose(attn, expected, atol=1e-6)
     assert torch.allclose(attn.sum(-1), torch.ones_like(attn.sum(-1)), atol=1e-5)
     zero_share = (attn == 0).float().mean().item()
-    print(f"entmax15 ViT-S/16 block 0 at init: {100 * zero_share:.1f}% exact zeros")
-    assert 0.05 < zero_share < 0.95  # REFERENCE.md: about a third at random init
+    print(f"entmax15 ViT-S/16 block 0 at init: {100 * zero_share:.1f}% exact zeros "
+          f"(entmax library: {100 * (expected == 0).float().mean().item():.1f}%)")
+    # the same support as the library's exact (sort-based) entmax-1.5: an entry may differ only where both are
+    # within rounding of the threshold
+    differ = (attn == 0) != (expected == 0)
+    assert zero_share > 0 and bool((expected[differ] < 1e-6).all() and (attn[differ] < 1e-6).all())
+    assert differ.float().mean().item() < 1e-4, differ.float().mean().item()
 
 
 @pytest.mark.parametrize("variant", ["entmax", "sparsemax", "entmax_bisect"])

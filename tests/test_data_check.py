@@ -1,7 +1,6 @@
 """`python -m datamodules.check`: exit 0 on good data, non-zero plus the offending files on bad data."""
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from helpers import procs
 from helpers import miniature as mini
 from datamodules.check import main
 
@@ -60,7 +60,7 @@ def test_depth_all_invalid_is_reported(tmp_path, capsys):
 
 
 def test_cli_entry_point_missing_root():
-    r = subprocess.run([sys.executable, "-m", "datamodules.check", "--task", "ade20k", "--data-root", "",
-                        "--no-progress"], cwd=REPO, capture_output=True, text=True, env={"COLUMNS": "250", "PATH": ""})
+    r = procs.run([sys.executable, "-m", "datamodules.check", "--task", "ade20k", "--data-root", "",
+                   "--no-progress"], cwd=REPO, timeout=120, env={"COLUMNS": "250", "PATH": ""})
     assert r.returncode == 1
     assert "DATA_ROOT is not set for dataset 'ade20k'" in r.stdout

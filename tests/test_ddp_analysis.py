@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers import procs
 from analysis import run as analysis_run
 from analysis.shards import collect, merge
 from test_analysis_run import write_ckpt, write_voc
@@ -53,7 +53,7 @@ def test_two_processes_equal_one(setup, monkeypatch):
     cmd = [sys.executable, str(REPO / "tests" / "ddp_helpers.py"), "analyses", *_common(data, ckpt),
            "--devices", "2", "--", *TASKS]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=550)
+    p = procs.run(cmd, cwd=REPO, env=env, timeout=550)
     print(f"2-process analyses ({', '.join(TASKS)}): {time.perf_counter() - t0:.1f} s")
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     two = {}

@@ -2,6 +2,7 @@
 as the official code (batch statistics in the teacher, SyncBatchNorm under DDP)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,8 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from helpers.killed_runs import assert_same, last_checkpoint, wait_for_pause
+from helpers.killed_runs import assert_same, finish, last_checkpoint, wait_for_pause
+from helpers.procs import kill_group, started
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).resolve().parent / "ddp_helpers.py"
@@ -28,21 +30,12 @@ def _env(**extra) -> dict:
                 **{k: str(v) for k, v in extra.items()})
 
 
-def _start(runs: Path, extra: list[str], pause: int = -1, log=subprocess.PIPE) -> subprocess.Popen:
+def _cmd(runs: Path, extra: list[str], backend: str, pause: int = -1) -> dict:
+    """``started(**_cmd(...))``: the pausable pretraining under linear ``backend`` (pinned, so every host runs the
+    same: this end-to-end test under aten, the SIGKILL + resume one under onednn; test_resume.py runs both)."""
     cmd = [sys.executable, str(HELPERS), *DDP, "--runs-dir", str(runs), *extra]
-    env = _env(PAUSE_AT_STEP=pause, PAUSE_DIR=runs / "paused")
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-
-
-def _finish(p: subprocess.Popen, timeout: int = 400) -> str:
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == 0, out[-4000:]
-    return out
+    env = _env(PAUSE_AT_STEP=pause, PAUSE_DIR=runs / "paused", TOKENMIX_LINEAR_BACKEND=backend)
+    return {"cmd": cmd, "cwd": REPO, "env": env, "stderr": subprocess.STDOUT, "text": True}
 
 
 @pytest.mark.timeout(600)
@@ -54,7 +47,9 @@ def test_two_processes_end_to_end_with_knn_summary_and_head_batchnorm(tmp_path):
     extra = tmp_path / "extra.yaml"
     extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs}}))
     t0 = time.perf_counter()
-    out = _finish(_start(tmp_path / "runs", [f"--config={extra}", "--model.use_bn_in_head=true"]))
+    with started(stdout=subprocess.PIPE, **_cmd(tmp_path / "runs", [f"--config={extra}",
+                                                                      "--model.use_bn_in_head=true"], "aten")) as p:
+        out = finish(p, timeout=500)
     print(f"2-process tiny run: {time.perf_counter() - t0:.1f} s")
     # the scale line: world size, per-device and total batch, lr after the linear rule, vs the paper's 1024
     assert "scale: world size 2" in out and "batch 8 per device x 2 = 16 total" in out, out[-3000:]
@@ -103,29 +98,28 @@ def test_two_processes_sigkill_then_resume_is_bitwise_identical(tmp_path):
     extra = tmp_path / "extra.yaml"
     extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs}}))
     t0 = time.perf_counter()
-    straight = _start(tmp_path / "a", [f"--config={extra}"])
     paused = tmp_path / "b" / "paused"
     paused.mkdir(parents=True)
     log = tmp_path / "killed.log"
-    with open(log, "w") as out:  # a file, not a pipe: nothing blocks on it, the deadline below holds
-        killed = _start(tmp_path / "b", [f"--config={extra}"], pause=5, log=out)  # step 5 = last of epoch 1
-    try:
-        wait_for_pause(paused, 2, killed, log)  # both ranks inside step 5 (last.ckpt: step 4)
-        os.killpg(killed.pid, signal.SIGKILL)  # the launcher and the process it started
-        killed.wait(timeout=60)
-    finally:
-        if killed.poll() is None:
-            os.killpg(killed.pid, signal.SIGKILL)
-    assert killed.returncode == -signal.SIGKILL
-    assert torch.load(last_checkpoint(tmp_path / "b"), weights_only=True)["global_step"] == 4
-    resumed = _finish(_start(tmp_path / "b", [f"--config={extra}", "--resume", "1"]))
-    assert "resuming from" in resumed
-    _finish(straight)
+    with contextlib.ExitStack() as runs, open(log, "w") as out:  # the log: a file, nothing blocks on it
+        straight = runs.enter_context(started(stdout=subprocess.PIPE,
+                                              **_cmd(tmp_path / "a", [f"--config={extra}"], "onednn")))
+        killed = runs.enter_context(started(stdout=out, **_cmd(tmp_path / "b", [f"--config={extra}"], "onednn",
+                                                               pause=5)))  # step 5 = last of epoch 1
+        wait_for_pause(paused, 2, killed, log, timeout=300)  # both ranks inside step 5 (last.ckpt: step 4)
+        kill_group(killed)  # the launcher and the process it started
+        assert killed.returncode == -signal.SIGKILL
+        assert torch.load(last_checkpoint(tmp_path / "b"), weights_only=True)["global_step"] == 4
+        resumed = finish(runs.enter_context(started(stdout=subprocess.PIPE, **_cmd(
+            tmp_path / "b", [f"--config={extra}", "--resume", "1"], "onednn"))), timeout=300)
+        assert "resuming from" in resumed
+        finish(straight, timeout=200)  # all budgets together stay below the test's 900 s
     print(f"straight + killed + resumed 2-process runs: {time.perf_counter() - t0:.1f} s")
     a = torch.load(last_checkpoint(tmp_path / "a"), weights_only=True)
     b = torch.load(last_checkpoint(tmp_path / "b"), weights_only=True)
     assert a["global_step"] == b["global_step"] == 6
-    for key in ("state_dict", "optimizer_states", "tokenmix_rng", "epoch", "global_step"):
+    assert a["tokenmix"]["runtime"] == {"linear_backend": "onednn"}  # the pinned backend, recorded
+    for key in ("state_dict", "optimizer_states", "tokenmix_rng", "tokenmix", "epoch", "global_step"):
         assert_same(a[key], b[key], key)
     assert a["optimizer_states"][0]["state"], "optimizer state is empty"
     rng = a["tokenmix_rng"]["ranks_torch"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import procs
 from datamodules.demo import DemoSpec, ensure_demo_data
 from probes.features import gather_shards, shard_indices
 from probes.run import main
@@ -29,7 +29,7 @@ def demo(tmp_path_factory):
 def _probe2(runs: Path, *argv: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "probes.run", "--runs-dir", str(runs), "--devices", "2", *TINY, *argv]
-    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    p = procs.run(cmd, cwd=REPO, env=env, timeout=400)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     found = sorted(runs.glob("*/probe/*/version_*/results.json"))
     assert len(found) == 1, found  # one folder for the run, not one per process
@@ -69,7 +69,7 @@ def test_trained_probes_two_processes_write_results(demo, tmp_path):
     cmd = [sys.executable, str(REPO / "tests" / "ddp_helpers.py"), "probes", "--runs-dir", str(tmp_path),
            "--devices", "2", *TINY, "--data-root", str(demo), "--max-epochs", "2", "--", "imagenet", "voc", "nyuv2"]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=500)
+    p = procs.run(cmd, cwd=REPO, env=env, timeout=500)
     print(f"2-process linear + seg + depth probes: {time.perf_counter() - t0:.1f} s")
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     for task, metric in (("imagenet", "best_top1"), ("voc", "mIoU"), ("nyuv2", "rmse")):

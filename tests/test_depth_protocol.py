@@ -200,3 +200,18 @@ def test_two_silogs_hand_worked():
     assert r["silog_mmseg"].item() == pytest.approx(np.sqrt(l2 ** 2 / 2 - 0.5 * (l2 / 2) ** 2))
     assert r["silog_toolbox"].item() == pytest.approx(100 * l2 / 2)
     assert _tb_calculate(gt.numpy().ravel(), pred.numpy().ravel())[7] == pytest.approx(100 * l2 / 2)
+
+
+def test_kitti_eigen_crop_is_kittis_own_not_nyus():
+    """``crop='eigen'`` on KITTI: BTS's / the toolbox's ``eigen_crop`` for KITTI (transcribed here), not NYU's
+    fractions (before: silently NYU's rows 45/480..471/480)."""
+    from datamodules.transforms.depth import eval_depth_mask
+    gt = torch.full((352, 1216), 5.0)
+    gt[300, 600] = 0.0  # invalid pixel inside the crop
+    gt_height, gt_width = gt.shape
+    ref = np.zeros((gt_height, gt_width), dtype=bool)
+    ref[int(0.3324324 * gt_height):int(0.91351351 * gt_height),
+        int(0.0359477 * gt_width):int(0.96405229 * gt_width)] = 1
+    ref &= (gt.numpy() > 1e-3) & (gt.numpy() < 80)
+    assert np.array_equal(eval_depth_mask("kitti", gt, crop="eigen").numpy(), ref)
+    assert not np.array_equal(eval_depth_mask("nyuv2", gt, crop="eigen").numpy(), ref)

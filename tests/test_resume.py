@@ -1,6 +1,7 @@
 """Bitwise resume after a real SIGKILL, atomic checkpoint writes, refusal of bad checkpoints."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.killed_runs import assert_same, last_checkpoint, wait_for_pause
+from helpers.killed_runs import assert_same, finish, last_checkpoint, wait_for_pause
+from helpers.procs import kill_group, started
 from lightning_modules.checkpoint_io import AtomicCheckpointIO
 from tokenmix.io import CheckpointError
 
@@ -19,46 +21,39 @@ REPO = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).resolve().parent / "ddp_helpers.py"  # its default mode: pretrain, pausable
 
 
-def _run(runs: Path, extra: list[str], pause: int | None = None, log=subprocess.PIPE) -> subprocess.Popen:
+def _cmd(runs: Path, extra: list[str], backend: str, pause: int | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO), PAUSE_AT_STEP=str(pause if pause is not None else -1),
-               PAUSE_DIR=str(runs / "paused"))
+               PAUSE_DIR=str(runs / "paused"), TOKENMIX_LINEAR_BACKEND=backend)
     cmd = [sys.executable, str(HELPERS), "--variant", "softmax", "--preset", "tiny", "--runs-dir", str(runs),
            "--trainer.enable_progress_bar=false", *extra]
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-
-
-def _finish(p: subprocess.Popen) -> str:
-    out, _ = p.communicate(timeout=300)
-    assert p.returncode == 0, out[-3000:]
-    return out
+    return {"cmd": cmd, "cwd": REPO, "env": env, "stderr": subprocess.STDOUT, "text": True}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(tmp_path):
+@pytest.mark.parametrize("backend", ["aten", "onednn"])  # the same two on every host (backbones/linear.py)
+def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(tmp_path, backend):
     # tiny preset: 3 batches per epoch, 2 epochs, a checkpoint every 2 steps, drop-path on (global RNG stream)
-    straight = _run(tmp_path / "a", [])
     (tmp_path / "b" / "paused").mkdir(parents=True)
     log = tmp_path / "killed.log"
-    with open(log, "w") as out:  # a file, not a pipe: nothing blocks on it, the deadline below holds
-        killed = _run(tmp_path / "b", [], pause=5, log=out)  # step 5 = last batch of epoch 1; last.ckpt: step 4
-    try:
+    with contextlib.ExitStack() as runs, open(log, "w") as out:  # the log: a file, nothing blocks on it
+        straight = runs.enter_context(started(stdout=subprocess.PIPE, **_cmd(tmp_path / "a", [], backend)))
+        # step 5 = last batch of epoch 1; last.ckpt: step 4
+        killed = runs.enter_context(started(stdout=out, **_cmd(tmp_path / "b", [], backend, pause=5)))
         wait_for_pause(tmp_path / "b" / "paused", 1, killed, log, timeout=240)
-        killed.send_signal(signal.SIGKILL)
-        killed.wait(timeout=60)
-    finally:
-        if killed.poll() is None:
-            killed.kill()
-    assert killed.returncode == -signal.SIGKILL
-    ck_b = last_checkpoint(tmp_path / "b")
-    assert torch.load(ck_b, weights_only=True)["global_step"] == 4  # the kill landed mid-epoch
-    resumed = _finish(_run(tmp_path / "b", ["--resume", "1"]))
-    assert "resuming from" in resumed
-    _finish(straight)
+        kill_group(killed)
+        assert killed.returncode == -signal.SIGKILL
+        ck_b = last_checkpoint(tmp_path / "b")
+        assert torch.load(ck_b, weights_only=True)["global_step"] == 4  # the kill landed mid-epoch
+        resumed = finish(runs.enter_context(started(stdout=subprocess.PIPE, **_cmd(
+            tmp_path / "b", ["--resume", "1"], backend))), timeout=250)
+        assert "resuming from" in resumed and "linear_backend" not in resumed  # same backend: no warning
+        finish(straight, timeout=120)  # it ran alongside: all budgets together stay below the test's 900 s
 
     a = torch.load(last_checkpoint(tmp_path / "a"), weights_only=True)
     b = torch.load(last_checkpoint(tmp_path / "b"), weights_only=True)
     assert a["global_step"] == b["global_step"] == 6
+    assert a["tokenmix"]["runtime"] == {"linear_backend": backend}  # the resolved backend, recorded
     # weights (student, EMA teacher, DINO centre), optimizer state, RNG streams, loop counters
     for key in ("state_dict", "optimizer_states", "tokenmix_rng", "tokenmix", "epoch", "global_step"):
         assert_same(a[key], b[key], key)

@@ -5,13 +5,13 @@ as the pretraining tests do)."""
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from datamodules.demo import DemoSpec, ensure_demo_data
+from helpers import procs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,7 +26,7 @@ def test_study_runs_resumes_and_reports(tmp_path):
             "--preset", "tiny", "--pretrain-args=--trainer.enable_progress_bar=false",
             "--task-data", f"knn=demo:{small}", "--probe-args=--knn-k 2,20", "--no-tensorboard"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    first = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    first = procs.run(argv, cwd=REPO, env=env, timeout=600)  # with the second: below the test's 900 s
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "pretraining 2/2, evaluations 2/2" in first.stderr
 
@@ -39,7 +39,7 @@ def test_study_runs_resumes_and_reports(tmp_path):
     cks = sorted((tmp_path / "study").glob("seed*/softmax/pretrain/tiny/study-*/checkpoints/last.ckpt"))
     assert len(cks) == 2
 
-    second = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    second = procs.run(argv, cwd=REPO, env=env, timeout=200)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "done 4/4 cells; to run: 0 pretraining, 0 evaluations" in second.stdout
     assert "running" not in second.stderr

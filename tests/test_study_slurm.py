@@ -2,11 +2,11 @@
 they are given: the dependency chain, the array sizes, the multi-node settings and every cell's command."""
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from helpers import procs
 from study.__main__ import main
 from study.plan import PRETRAIN, Spec, checkpoint_path, command, plan
 
@@ -39,7 +39,7 @@ def generated(tmp_path):
 
 def _run(script: Path, fake: Path, **env):
     e = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "PY": str(fake / "python"), **env}
-    return subprocess.run(["bash", str(script)], env=e, capture_output=True, text=True, timeout=60)
+    return procs.run(["bash", str(script)], env=e, timeout=60)
 
 
 def test_headers_array_sizes_and_dependencies(generated):

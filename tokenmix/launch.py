@@ -103,3 +103,112 @@ def global_rank() -> int:
     """This process's rank as set by Lightning's launcher or the cluster (0 in the launching process)."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only
     return int(getattr(rank_zero_only, "rank", 0) or 0)
+
+
+# --- stopping a multi-process run: SIGTERM / SIGINT end every rank within seconds -----------------------------
+# Python runs a signal handler only when the main thread is back in the interpreter. A rank blocked in a gloo
+# collective (Lightning's own SIGTERM handler broadcasts, the other rank may already be gone) never gets there
+# before the process-group timeout. So the C-level handler's wake-up byte (``signal.set_wakeup_fd``) is read by
+# a thread of ours, which prints why, forwards the signal to this process's children (Lightning starts ranks
+# 1..N-1 with a plain ``Popen``) and ends the process with ``os._exit``. Ranks started by our launcher also die
+# with it (``PR_SET_PDEATHSIG``), so a SIGKILLed launcher leaves nothing behind either.
+LAUNCHER_PID_ENV = "TOKENMIX_LAUNCHER_PID"
+_STOP_SIGNALS = ("SIGTERM", "SIGINT")
+_installed: tuple = ()  # the wake-up socket pair, kept open for the life of the process
+
+
+def _rank_label() -> str:
+    return f"rank {os.environ.get('RANK', os.environ.get('LOCAL_RANK', '0'))} (pid {os.getpid()})"
+
+
+def _children(pid: int) -> list[int]:
+    """Live child processes of ``pid`` (Linux /proc; empty elsewhere)."""
+    out = []
+    for d in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:  # field 4: ppid (after "pid (comm) state")
+                out.append(int(d))
+    return out
+
+
+def stop_now(signum: int) -> None:
+    """Forward ``signum`` to this process's children and exit at once with 128 + signum, saying so on stderr."""
+    import signal
+    name = signal.Signals(signum).name
+    kids = _children(os.getpid())
+    for kid in kids:
+        try:
+            os.kill(kid, signum)
+        except OSError:
+            pass
+    fwd = f", forwarded to child process(es) {kids}" if kids else ""
+    os.write(2, f"\n[tokenmix] {_rank_label()} received {name}: stopping this run now{fwd}\n".encode())
+    _flush_with_deadline(0.5)
+    os._exit(128 + signum)
+
+
+def _flush_with_deadline(seconds: float) -> None:
+    """Flush stdout/stderr unless that blocks (the main thread may hold their lock, stuck in a collective)."""
+    import sys
+    import threading
+    t = threading.Thread(target=lambda: [s.flush() for s in (sys.stdout, sys.stderr) if s], daemon=True)
+    t.start()
+    t.join(seconds)
+
+
+def _die_with_launcher() -> None:
+    """In a rank our launcher started: get SIGTERM when the launcher dies; exit now if it is already gone."""
+    parent = os.environ.get(LAUNCHER_PID_ENV)
+    if not parent or os.environ.get("LOCAL_RANK", "0") == "0":
+        return
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux
+        return
+    if os.getppid() != int(parent):  # the launcher died before prctl took effect
+        os.write(2, f"[tokenmix] {_rank_label()}: the launching process {parent} is gone, stopping\n".encode())
+        os._exit(1)
+
+
+def install_stop_handlers() -> None:
+    """Make SIGTERM / SIGINT stop this process and its ranks within seconds, whatever the main thread is doing.
+    Call once, from the main thread of a command-line entry point (never from a library function: it replaces
+    the process's SIGTERM / SIGINT handling). No-op off the main thread or when called again."""
+    import signal
+    import socket
+    import threading
+    global _installed
+    if _installed or threading.current_thread() is not threading.main_thread():
+        return
+    _die_with_launcher()
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # inherited by the ranks Lightning starts from here
+    rsock, wsock = socket.socketpair()
+    wsock.setblocking(False)
+    signal.set_wakeup_fd(wsock.fileno(), warn_on_full_buffer=False)
+    stops = {int(getattr(signal, s)) for s in _STOP_SIGNALS}
+    for s in stops:  # a Python-level handler makes the C handler write the wake-up byte; the work is the thread's
+        signal.signal(s, lambda *_: None)
+
+    def watch() -> None:
+        while True:
+            for b in rsock.recv(64):
+                if b in stops:
+                    stop_now(b)
+    threading.Thread(target=watch, name="tokenmix-stop", daemon=True).start()
+
+    def in_forked_child() -> None:  # DataLoader workers: default handling, and not our parent's wake-up socket
+        try:
+            signal.set_wakeup_fd(-1)
+            for s in stops:
+                signal.signal(s, signal.SIG_DFL)
+        except ValueError:  # not the child's main thread (CPython makes the forking thread main: not expected)
+            pass
+    os.register_at_fork(after_in_child=in_forked_child)
+    _installed = (rsock, wsock)

@@ -8,7 +8,8 @@ which the DINOv2 line of work evaluates with. One table each: ``DEPTH_RANGES`` (
     crop at the same absolute indices [45:471, 41:601] whatever the frame size ('eigen_abs').
   * KITTI: input and gt KB-cropped to 352x1216 (``kb_crop``: top = H - 352, left = (W - 1216) // 2, done by
     ``KITTIDataset``), then the Garg crop rows 0.40810811-0.99189189, cols 0.03594771-0.96405229 of the
-    *cropped* map.
+    *cropped* map. ``crop='eigen'`` on KITTI is KITTI's Eigen crop (rows 0.3324324-0.91351351, cols
+    0.0359477-0.96405229, as BTS and the toolbox), not NYU's.
 """
 from __future__ import annotations
 
@@ -54,8 +55,10 @@ def crop_mask(kind: str | None, H: int, W: int) -> torch.Tensor:
         m[45:471, 41:601] = True
     elif kind == "garg":
         m[int(0.40810811 * H):int(0.99189189 * H), int(0.03594771 * W):int(0.96405229 * W)] = True
+    elif kind == "eigen_kitti":  # KITTI's Eigen crop (BTS / the toolbox's kitti eigen_crop), of the KB-cropped map
+        m[int(0.3324324 * H):int(0.91351351 * H), int(0.0359477 * W):int(0.96405229 * W)] = True
     else:
-        raise ValueError(f"unknown depth eval crop {kind!r} (eigen, eigen_abs, garg or None)")
+        raise ValueError(f"unknown depth eval crop {kind!r} (eigen, eigen_abs, eigen_kitti, garg or None)")
     return m
 
 
@@ -64,9 +67,11 @@ def eval_depth_mask(name: str, depth: torch.Tensor, crop: str | None | bool = Tr
 
     crop=True uses the dataset's standard crop, False/None none, or a crop name ('eigen', 'garg', ...).
     The dataset's clip (SUN RGB-D 8 m) applies first, as in the toolbox: a 12 m pixel counts, as 8 m."""
-    _, lo, hi, kind = depth_config(name)
+    key, lo, hi, kind = depth_config(name)
     if crop is not True:
         kind = crop or None
+    if key == "kitti" and kind == "eigen":  # KITTI's Eigen crop has its own fractions, not NYU's
+        kind = "eigen_kitti"
     clip = depth_clip(name)
     if clip is not None:
         depth = depth.clamp(max=clip)

@@ -1,4 +1,5 @@
 """Shared by the SIGKILL + resume tests (1 process: test_resume.py; 2 processes: test_ddp_pretrain.py).
+Every run is started with ``helpers.procs.started`` (own session, group killed when the test leaves it).
 
 The run under test is ``tests/ddp_helpers.py`` with ``PAUSE_AT_STEP`` and ``PAUSE_DIR``: every rank writes
 ``<PAUSE_DIR>/rank<r>`` inside that step and sleeps, so the test can kill it at a known point.
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from helpers.procs import kill_group
+
 
 def wait_for_pause(paused: Path, ranks: int, proc: subprocess.Popen, log: Path, timeout: float = 400) -> None:
     """Until ``ranks`` markers exist in ``paused``; fails with the run's log if it ends first or ``timeout`` passes
@@ -20,6 +23,19 @@ def wait_for_pause(paused: Path, ranks: int, proc: subprocess.Popen, log: Path, 
         assert proc.poll() is None, f"run ended before reaching the pause:\n{log.read_text()[-4000:]}"
         assert time.time() < deadline, f"no pause within {timeout:.0f} s:\n{log.read_text()[-4000:]}"
         time.sleep(0.5)
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> str:
+    """The output of ``proc`` (started by ``helpers.procs.started`` with a text pipe) once it ends, asserting exit
+    0; past ``timeout`` its whole process group is killed and the test fails with the output so far."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, _ = proc.communicate()
+        raise AssertionError(f"run still going after {timeout:.0f} s:\n{(out or '')[-4000:]}") from None
+    assert proc.returncode == 0, out[-4000:]
+    return out
 
 
 def last_checkpoint(runs: Path) -> Path:
