@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,6 +46,15 @@ def _run_pids(marker: str) -> list[int]:
     return out
 
 
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports, all held open until each is known, so none is handed out twice."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     from datamodules.demo import DemoSpec, ensure_demo_data
@@ -56,11 +66,12 @@ def demo(tmp_path_factory):
 @pytest.mark.timeout(240)
 def test_signals_to_a_two_process_probe_leave_nothing_running(demo, tmp_path):
     runs = []
+    ports = _free_ports(len(CASES))  # one each: five launchers picking a free port at once can pick the same one
     with contextlib.ExitStack() as stack:
         for i, case in enumerate(CASES):
             marker = uuid.uuid4().hex
             env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-                       TOKENMIX_TEST_RUN=marker)
+                       TOKENMIX_TEST_RUN=marker, MASTER_PORT=str(ports[i]))
             log = tmp_path / f"run{i}.log"
             cmd = [sys.executable, "-m", "probes.run", "--task", "imagenet", "--ckpt", "random", "--data", "demo",
                    "--data-root", str(demo), "--arch", "vit_test_patch8", "--batch-size", "4", "--devices", "2",
