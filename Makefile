@@ -78,10 +78,8 @@ GPU_WHEELS = entmax==1.3 jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-
 	markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0
 COMPAT_PYTHON ?= python3.12
 COMPAT_VENV ?= .gpu-compat
-# numpy<2.5: Triton 3.6's interpreter (the --smoke kernel rows; a GPU runs compiled kernels) converts 1-element
-# arrays to scalars, which numpy 2.5 refuses ("only 0-dimensional arrays can be converted to Python scalars")
 COMPAT_PKGS = torch==2.11.0 triton==3.6.0 torchvision==0.26.0 lightning==2.6.6 torchmetrics==1.9.0 timm==1.0.31 \
-	tensorboard pyyaml 'numpy<2.5' pillow
+	tensorboard pyyaml numpy pillow
 
 gpu-check: $(GPU_DEPS)
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
