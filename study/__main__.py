@@ -157,7 +157,7 @@ def main(argv=None) -> int:
               f"[study] submit with: bash {scripts['submit.sh']}")
         return 0
     from .progress import Progress, StudyBoard
-    from .report import collect, write_report
+    from .report import collect, shown_command, write_report
     board = None if args.no_tensorboard else StudyBoard(spec.root / "tensorboard")
     failures = []
     if not args.report_only:
@@ -178,8 +178,8 @@ def main(argv=None) -> int:
         progress.show(final=True)
     table = collect(spec, cells, status(spec, cells), args.baseline)
     out = Path(args.out) if args.out else paths.REPO / "reports"
-    report = write_report(spec, table, out, command="python -m study " + " ".join(shlex.quote(a) for a in
-                                                                          (argv if argv is not None else sys.argv[1:])))
+    report = write_report(spec, table, out, command="python -m study " + shown_command(
+        argv if argv is not None else sys.argv[1:]))
     if board is not None:
         board.results(table, spec.root)
         board.close()

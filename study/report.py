@@ -12,6 +12,8 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import io
+import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -157,6 +159,17 @@ def _shown(p) -> str:
         except ValueError:
             continue
     return str(p)
+
+
+def shown_command(args) -> str:
+    """The study's command line as a report writes it: absolute paths through :func:`_shown`, and one outside
+    the repository and the runs folder as ``<…>/<name>`` (its folder is this machine's, not the reader's)."""
+    def arg(a: str) -> str:
+        if not os.path.isabs(a):
+            return a
+        s = _shown(a)
+        return f"<…>/{Path(a).name}" if os.path.isabs(s) else s
+    return " ".join(shlex.quote(arg(a)) for a in args)
 
 
 def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:

@@ -291,3 +291,14 @@ def test_report_paths_are_relative_to_the_repo_or_the_runs_folder(monkeypatch, t
     monkeypatch.setattr(paths, "RUNS", tmp_path / "elsewhere")
     assert report._shown(tmp_path / "elsewhere" / "study" / "demo") == "<runs>/study/demo"
     assert "/work/" not in (paths.REPO / "docs" / "study-demo" / "study.md").read_text()
+
+
+def test_report_command_line_names_no_absolute_path(monkeypatch, tmp_path):
+    """The command echoed at the top of study.md: paths in the repo or runs folder relative, others as <…>/name."""
+    from study import report
+    from tokenmix import paths
+    monkeypatch.setattr(paths, "RUNS", tmp_path / "runs")
+    line = report.shown_command(["--out", str(tmp_path / "out" / "rep"), "--root", str(tmp_path / "runs" / "st"),
+                                 "--preset", str(paths.REPO / "configs" / "pretrain" / "demo.yaml"), "--name", "a b"])
+    assert line == "--out '<…>/rep' --root '<runs>/st' --preset configs/pretrain/demo.yaml --name 'a b'"
+    assert str(tmp_path) not in line
