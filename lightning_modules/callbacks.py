@@ -135,6 +135,13 @@ def sharded_features(trainer: pl.Trainer, model: torch.nn.Module, ds, device,
     return gather_shards(f, len(ds), rank, world, gather), gather_shards(y, len(ds), rank, world, gather)
 
 
+def epoch_check_due(trainer: pl.Trainer, every_n_epochs: int) -> bool:
+    """At an epoch end: whether a periodic check (``every_n_epochs``, 0 = off) runs now. Never after the last
+    epoch, where the check's ``on_train_end`` runs anyway."""
+    last = trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs
+    return bool(every_n_epochs) and (trainer.current_epoch + 1) % every_n_epochs == 0 and not last
+
+
 class KNNCheck(pl.Callback):
     """DINO weighted k-NN (k=20, T=0.07) of the teacher [CLS] on the train -> val split, at the exact
     starting weights (before the first step) and at the end of training; logs ``knn/*`` and the gain.
@@ -177,8 +184,7 @@ class KNNCheck(pl.Callback):
                 lg.log_metrics({"knn/top1_random_init": self.random_init_top1}, step=0)
 
     def on_train_epoch_end(self, trainer, pl_module):
-        last = trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs
-        if self.every_n_epochs and (trainer.current_epoch + 1) % self.every_n_epochs == 0 and not last:
+        if epoch_check_due(trainer, self.every_n_epochs):
             top1 = self.evaluate(trainer, pl_module)
             for lg in trainer.loggers:
                 lg.log_metrics({"knn/top1": top1}, step=trainer.global_step)

@@ -30,6 +30,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Subset
 
+from lightning_modules.callbacks import epoch_check_due
 from tokenmix.attention_stats import attention_stats
 from tokenmix.diffusion import boxes_patch_mask, cls_patch_cosine, effective_rank_from_gram, mask_boxes, pib_hits, \
     patch_scores
@@ -200,8 +201,7 @@ class DenseProbeCheck(pl.Callback):
                 self.run(trainer, pl_module, "step")
 
     def on_train_epoch_end(self, trainer, pl_module):
-        last = trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs
-        if self.every_n_epochs and (trainer.current_epoch + 1) % self.every_n_epochs == 0 and not last:
+        if epoch_check_due(trainer, self.every_n_epochs):
             self.run(trainer, pl_module, "epoch")
 
     def on_train_end(self, trainer, pl_module):
