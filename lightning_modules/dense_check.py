@@ -63,6 +63,9 @@ class DenseProbeCheck(pl.Callback):
         self.series: list[dict[str, Any]] = []
         self._dm = None
         self.disabled = False
+        self._t0: Optional[float] = None
+        self._start_step = 0
+        self.share: Optional[float] = None  # the checks' share of this fit's wall time (set at its end)
 
     # -- state: the series survives a resume ------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -105,8 +108,8 @@ class DenseProbeCheck(pl.Callback):
     @torch.no_grad()
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
         """Every rank calls this (three all-reduces); returns the same numbers on every rank."""
-        from probes.ridge import RidgeSegProbe
-        t0 = time.perf_counter()
+        from probes.ridge import run_ridge_probe
+        t0, c0 = time.perf_counter(), time.process_time()
         model = pl_module.teacher.backbone
         dm = self.datamodule(model.patch_size)
         rank, world = trainer.global_rank, trainer.world_size
@@ -116,29 +119,31 @@ class DenseProbeCheck(pl.Callback):
                 return t
             return trainer.strategy.reduce(t.to(pl_module.device), reduce_op="sum").to("cpu", torch.float64)
 
-        probe = RidgeSegProbe(dm.num_classes, self.ridge_lambda)
-        probe.empty_stats(model.embed_dim)
         v = torch.zeros(7, dtype=torch.float64)  # see _diffusion_sums
         gram = torch.zeros(model.embed_dim, model.embed_dim, dtype=torch.float64)
-        with _eval_mode(model):
+
+        def train():
             for batch in self._loader(dm.train_set, rank, world):
-                probe.add_train(self._tokens(model, batch["image"], pl_module.device)[2], batch["mask"])
-            probe.solve(reduce)
+                yield self._tokens(model, batch["image"], pl_module.device)[2], batch["mask"]
+
+        def val():  # the same forward feeds the probe and the diffusion measures
             for batch in self._loader(dm.val_set, rank, world):
                 cls, patch, grid = self._tokens(model, batch["image"], pl_module.device)
                 masks = batch["mask"] if isinstance(batch["mask"], list) else list(batch["mask"])
-                probe.add_val(grid, masks)
-                gram += self._diffusion_sums(v, cls.float().cpu(), patch.float().cpu(), masks, grid.shape[-2:])
+                gram.add_(self._diffusion_sums(v, cls.float().cpu(), patch.float().cpu(), masks, grid.shape[-2:]))
+                yield grid, masks
+
+        with _eval_mode(model):
+            out = run_ridge_probe(train(), val(), dm.num_classes, self.ridge_lambda, model.embed_dim, reduce)
             for batch in self._loader(dm.val_set, rank, world, n=self.attn_images):
                 self._attention_sums(v, model, batch["image"], pl_module.device)
-        out = probe.metrics(reduce)
         s = reduce(v)
         n_img, n_box, n_attn = (max(float(s[i]), 1.0) for i in (0, 2, 3))
         return {"dense/mIoU": out["mIoU"], "dense/aAcc": out["aAcc"], "dense/mAcc": out["mAcc"],
                 "diffusion/pib_cls": 100.0 * float(s[1]) / n_box, "diffusion/cls_patch_cosine": float(s[4]) / n_img,
                 "diffusion/effective_rank": effective_rank_from_gram(reduce(gram)),
                 "diffusion/attn_entropy": float(s[5]) / n_attn, "diffusion/attn_zero_share": float(s[6]) / n_attn,
-                "dense/seconds": time.perf_counter() - t0}
+                "dense/seconds": time.perf_counter() - t0, "dense/cpu_seconds": time.process_time() - c0}
 
     @staticmethod
     def _tokens(model, images: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -185,12 +190,13 @@ class DenseProbeCheck(pl.Callback):
         epochs = trainer.current_epoch + (1 if when == "epoch" else 0)  # completed epochs
         self.series.append({"step": step, "epoch": epochs, "when": when, **res})
         for lg in trainer.loggers:
-            lg.log_metrics({k: v for k, v in res.items() if k != "dense/seconds"}, step=step)
+            lg.log_metrics({k: v for k, v in res.items() if not k.endswith("seconds")}, step=step)
         rank_zero_info(f"dense check ({when}, step {step}): mIoU {res['dense/mIoU']:.2f}, PiB "
                        f"{res['diffusion/pib_cls']:.1f}, cos(patch, CLS) {res['diffusion/cls_patch_cosine']:.3f}, "
                        f"eff. rank {res['diffusion/effective_rank']:.1f} ({res['dense/seconds']:.1f} s)")
 
     def on_train_start(self, trainer, pl_module):
+        self._t0, self._start_step = time.perf_counter(), trainer.global_step  # a resumed fit: its own checks
         if trainer.global_step == 0:
             self.run(trainer, pl_module, "start")
 
@@ -206,11 +212,15 @@ class DenseProbeCheck(pl.Callback):
 
     def on_train_end(self, trainer, pl_module):
         self.run(trainer, pl_module, "end")
+        if self._t0 is not None and self.series:  # its cost, stated on every run (docs/performance.md)
+            spent = sum(p.get("dense/seconds", 0.0) for p in self.series if p["step"] >= self._start_step)
+            self.share = spent / max(time.perf_counter() - self._t0, 1e-9)
+            rank_zero_info(f"dense checks: {spent:.1f} s, {100 * self.share:.1f} % of this fit's wall time")
 
     def summary_entries(self) -> dict[str, Any]:
         """summary.json entries: the series and the last point's values."""
         if not self.series:
             return {}
         last = self.series[-1]
-        return {"dense_series": self.series,
+        return {"dense_series": self.series, "dense_check_share": self.share,
                 **{k.replace("/", "_"): v for k, v in last.items() if k.startswith(("dense/", "diffusion/"))}}

@@ -159,7 +159,10 @@ def run_ridge(ctx: ProbeContext, spec: FeatureSpec, logger) -> dict[str, Any]:
         raise ValueError("--solver ridge runs in one process: drop --devices / --num-nodes")
     loaders = [DataLoader(ds, batch_size=ctx.dm.batch_size, shuffle=False, collate_fn=dense_collate)
                for ds in (ctx.dm.train_set, ctx.dm.val_set)]
-    m = run_ridge_probe(FrozenFeatures(ctx.info.model, spec), *loaders, ctx.dm.num_classes, ctx.args.ridge_lambda)
+    dev = _device(ctx.args.accelerator)  # the GPU when there is one, as the k-NN probe
+    features = FrozenFeatures(ctx.info.model, spec).to(dev)
+    train, val = (((features(b["image"].to(dev)), b["mask"]) for b in loader) for loader in loaders)
+    m = run_ridge_probe(train, val, ctx.dm.num_classes, ctx.args.ridge_lambda, features.out_dim)
     if logger is not None:
         logger.experiment.add_scalar("val/mIoU", m["mIoU"], 0)
         logger.experiment.flush()

@@ -11,17 +11,16 @@ are left out), bias = mean of Y. Everything the solve needs is a sum over patche
 confusion matrix, so data shards add up with one all-reduce (``reduce``): 2 processes give what 1 gives, up to
 float64 summation order.
 
-    >>> # probe = RidgeSegProbe(num_classes=21, lam=1e-2)
-    >>> # for feats, masks in train: probe.add_train(feats, masks)     # feats (B, C, h, w), masks (B, H, W)
-    >>> # probe.solve(reduce)                                           # reduce: sum over processes (or None)
-    >>> # for feats, masks in val: probe.add_val(feats, masks)         # masks: list of (H_i, W_i)
-    >>> # probe.metrics(reduce)["mIoU"]
+    >>> # run_ridge_probe(train, val, num_classes=21, lam=1e-2, dim=384)["mIoU"]
+    >>> #   train: (feats (B, C, h, w), masks (B, H, W)) pairs; val: masks at label size (a list of (H_i, W_i))
+    >>> # or step by step: probe = RidgeSegProbe(21, 1e-2); probe.add_train(...); probe.solve(reduce);
+    >>> #   probe.add_val(...); probe.metrics(reduce)
 """
 from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -103,17 +102,17 @@ class RidgeSegProbe:
                 "per_class_IoU": [None if math.isnan(v) else 100 * v for v in res["IoU"].tolist()]}
 
 
-def run_ridge_probe(features, train_batches, val_batches, num_classes: int, lam: float,
-                    reduce: Reduce = None, device=None) -> dict[str, Any]:
-    """Fit on ``train_batches`` and score ``val_batches`` (iterables of ``dense_collate`` batches: "image" uint8,
-    "mask"); ``features``: uint8 images -> (B, C, h, w) (a ``FrozenFeatures``), run on ``device``."""
+def run_ridge_probe(train_pairs: Iterable, val_pairs: Iterable, num_classes: int, lam: float, dim: int,
+                    reduce: Reduce = None) -> dict[str, Any]:
+    """Fit on ``train_pairs`` and score ``val_pairs``: iterables of (features (B, C=dim, h, w), masks) — the CLI's
+    frozen features of each batch, or DenseProbeCheck's shard, whose generator also takes the diffusion
+    measures from the same forward. Every process calls it (``reduce``: two all-reduces)."""
     t0 = time.perf_counter()
     probe = RidgeSegProbe(num_classes, lam)
-    probe.empty_stats(features.out_dim)
-    for batch in train_batches:
-        probe.add_train(features(batch["image"].to(device)), batch["mask"])
+    probe.empty_stats(dim)
+    for feats, masks in train_pairs:
+        probe.add_train(feats, masks)
     probe.solve(reduce)
-    for batch in val_batches:
-        masks = batch["mask"]
-        probe.add_val(features(batch["image"].to(device)), list(masks) if not isinstance(masks, list) else masks)
+    for feats, masks in val_pairs:
+        probe.add_val(feats, masks if isinstance(masks, list) else list(masks))
     return {**probe.metrics(reduce), "solver": "ridge", "ridge_lambda": lam, "seconds": time.perf_counter() - t0}
