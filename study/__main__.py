@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from tokenmix import paths
@@ -133,6 +135,24 @@ def cli_args(args, spec: Spec) -> list[str]:
     return [f"--{k}={v}" for k, v in pairs]
 
 
+@contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (a job scheduler, ``kill``) as Ctrl-C: the running cell is stopped with it (``local.run_cell``)
+    instead of going on alone after the study is gone, and the study says how to resume."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        old = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -169,7 +189,8 @@ def main(argv=None) -> int:
         if board is not None:
             board.progress(progress.done)
         try:
-            failures = run_missing(spec, cells, done, python, progress, board)
+            with _terminate_as_interrupt():
+                failures = run_missing(spec, cells, done, python, progress, board)
         except KeyboardInterrupt:
             progress.show(final=True)
             print(f"[study] interrupted: the finished cells are kept; run the same command again to resume "

@@ -5,6 +5,7 @@ as the pretraining tests do)."""
 import json
 import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -51,3 +52,30 @@ def test_study_runs_resumes_and_reports(tmp_path):
     assert f"| softmax | {cell} |" in md
     for seed, p in enumerate(payloads):
         assert f"| softmax | {seed} | {p['metrics']['top1']['20']:.2f} |" in md
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_stops_the_running_cell(tmp_path):
+    """A scheduler's SIGTERM to the study stops the cell it is running too (not left to run on alone), and the
+    study exits saying how to resume."""
+    import signal
+    import time
+
+    from tokenmix.launch import _children
+    argv = [sys.executable, "-m", "study", "--name", "sig", "--root", str(tmp_path / "study"),
+            "--out", str(tmp_path / "reports"), "--variants", "softmax", "--seeds", "1", "--tasks", "knn",
+            "--preset", "tiny", "--pretrain-args=--trainer.enable_progress_bar=false", "--no-tensorboard"]
+    log = tmp_path / "study.log"
+    with open(log, "w") as out, procs.started(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                              stdout=out, stderr=subprocess.STDOUT) as p:
+        deadline = time.monotonic() + 120
+        while not (kids := _children(p.pid)):  # the pretraining cell has started
+            assert p.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(2)
+        os.kill(p.pid, signal.SIGTERM)
+        assert p.wait(timeout=60) == 130, log.read_text()[-3000:]
+    for kid in kids:
+        with pytest.raises(ProcessLookupError):  # reaped by the study, not orphaned
+            os.kill(kid, 0)
+    assert "interrupted: the finished cells are kept" in log.read_text()
