@@ -302,3 +302,18 @@ def test_report_command_line_names_no_absolute_path(monkeypatch, tmp_path):
                                  "--preset", str(paths.REPO / "configs" / "pretrain" / "demo.yaml"), "--name", "a b"])
     assert line == "--out '<…>/rep' --root '<runs>/st' --preset configs/pretrain/demo.yaml --name 'a b'"
     assert str(tmp_path) not in line
+
+
+@pytest.mark.timeout(30)
+def test_eta_is_a_lower_bound_until_every_stage_is_timed():
+    import io
+
+    from study.progress import Progress
+    p = Progress({"pretraining": 2, "evaluations": 10}, {"pretraining": 0, "evaluations": 0}, stream=io.StringIO())
+    assert p.eta() is None  # nothing timed yet
+    p.durations["pretraining"].append(100.0)
+    p.done["pretraining"] = 1
+    assert p.eta() == "≥1m40s"  # 1 pretraining left x 100 s; the 10 evaluations are not timed yet
+    p.durations["evaluations"].append(30.0)
+    p.done["evaluations"] = 1
+    assert p.eta() == "6m10s"  # 100 + 9 x 30
