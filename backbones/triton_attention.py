@@ -24,8 +24,12 @@ Kernels (``backbones/triton_kernels.py``; block sizes in ``_blocks``, measured f
   3. O = sum p v, written as (B, N, H, dv) (the layer's transpose back is free); only when a gradient is
      needed also Og = sum g v / sum g (g = dp/dz up to a row constant) for the backward's delta.
 - backward (recomputes p from q, k and the saved (zmax, tau), FlashAttention-style): ds = g (dp - delta),
-  dp = dO v^T, delta = sum(g dp)/sum(g) = rowsum(dO * Og). One kernel per key block for dK, dV, one per
-  query block for dQ (no atomics). Key tiles where p = 0 in every row skip their products.
+  dp = dO v^T, delta = sum(g dp)/sum(g) = rowsum(dO * Og). FlashAttention-2's five GEMMs: delta once per row
+  (a small kernel), then one program per key block over every query block for dK, dV, with dQ added
+  atomically in fp32 and cast by a last small kernel. Atomic adds make dQ's summation order vary from run to
+  run, so under ``torch.use_deterministic_algorithms(True)`` (the project's ``deterministic: true`` presets)
+  the backward is instead one kernel per key block for dK, dV and one per query block for dQ (no atomics;
+  seven GEMMs per tile pair). Key tiles where p = 0 in every row skip their products.
 q, k, v and dO are read through their strides (slices of the layer's fused qkv: no copies). The ops are
 ``torch.library`` custom ops (``tokenmix::triton_sparse_attention`` and ``..._bwd``) with fake kernels, so
 FakeTensorMode and ``torch.compile`` see one opaque op each.
@@ -70,7 +74,7 @@ def _device_ok(x: torch.Tensor) -> bool:
 @dataclass(frozen=True)
 class KernelLaunch:
     """One kernel launch as the launcher makes it (``bench.kernel_report`` compiles these for sm_90)."""
-    name: str                    # "fwd", "bwd_dkdv", "bwd_dq"
+    name: str                    # "fwd"; "bwd_delta", "bwd", "bwd_dq_cast"; deterministic: "bwd_dkdv", "bwd_dq"
     fn: object                   # the triton.JITFunction
     signature: dict[str, str]    # triton.compiler.ASTSource signature: arg -> "*bf16" / "i32" / "fp32" / "constexpr"
     constexprs: dict[str, object]
@@ -100,26 +104,30 @@ def _prec(dtype: torch.dtype) -> str:
 def _blocks(m: int, dtype: torch.dtype, prec: str, need_grad: bool) -> dict:
     """Block sizes and warps, each choice measured by compiling for sm_90 (registers, spills, wgmma:
     docs/performance.md, "Triton kernel design"). 64 query rows per warpgroup of 4 warps: each warp owns 16
-    whole rows, so the threshold's row reductions stay in the warp, and the products are wgmma."""
+    whole rows, so the threshold's row reductions stay in the warp, and the products are wgmma. ``bwd_*``: the
+    deterministic backward's (1 stage); ``fa2``: the 5-GEMM backward's (query block, key block, warps, stages)."""
     p2 = max(16, triton.next_power_of_2(m))
     if prec == "ieee":  # exact fp32 on CUDA cores: 16-row blocks, or it spills (one tile: inference only)
         single = m <= 64 and not need_grad
         return dict(single=single, block_m=16, block_n=p2 if single else 32, fwd_warps=4, bwd_m=16, bwd_n=32,
-                    bwd_warps=4)
+                    bwd_warps=4, fa2=(16, 32, 4, 1))
     if dtype == torch.float32:  # tf32: fp32 operands take twice the registers of 16-bit ones
         single = m <= 64
         return dict(single=single, block_m=64, block_n=p2 if single else 64, fwd_warps=4, bwd_m=64, bwd_n=64,
-                    bwd_warps=8)
+                    bwd_warps=8, fa2=(32, 64, 4, 1))
     # fp16 with a 256-key tile spilled 312-336 B (inference and training, 4 and 8 warps; bf16: none): block-wise
     single = m <= (_SINGLE_MAX if dtype == torch.bfloat16 else min(_SINGLE_MAX, 128))
+    # 5-GEMM backward: 32 query rows per step x 64 keys (its products keep a 64-row wgmma side), 1 stage (2
+    # stages staged q and dO through shared memory: 4x the LDS); no spill on sm_90 nor sm_80
     return dict(single=single, block_m=64, block_n=p2 if single else 64, fwd_warps=4, bwd_m=64, bwd_n=64,
-                bwd_warps=4)
+                bwd_warps=4, fa2=(32, 64, 4, 1))
 
 
 def _plan(n: int, m: int, dtype: torch.dtype, d: int, dv: int, bh: int, entmax: bool, need_grad: bool,
-          count: bool = False):
+          count: bool = False, deterministic: bool = False):
     """(name, kernel, grid, constexprs, launch options) of every launch: the one block-size choice, used by
-    the launcher and by :func:`launch_plan`."""
+    the launcher and by :func:`launch_plan`. The backward: FlashAttention-2's 5 GEMMs with atomic dQ, or
+    (``deterministic``) the two atomic-free kernels."""
     prec = _prec(dtype)
     cfg = _blocks(m, dtype, prec, need_grad)
     meta = dict(D=d, DV=dv, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
@@ -129,15 +137,26 @@ def _plan(n: int, m: int, dtype: torch.dtype, d: int, dv: int, bh: int, entmax: 
              dict(meta, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], SINGLE=cfg["single"], NEED_OG=need_grad,
                   COUNT=count, MAX_PASSES=_MAX_PASSES, FUSED=not interpreted(), OG_N=min(cfg["block_n"], 128)),
              dict(num_warps=cfg["fwd_warps"], num_stages=1))]
-    if need_grad:
+    if not need_grad:
+        return plan
+    if deterministic:
         bwd = dict(meta, BLOCK_M=cfg["bwd_m"], BLOCK_N=cfg["bwd_n"])
         opts = dict(num_warps=cfg["bwd_warps"], num_stages=1)
-        plan += [("bwd_dkdv", tk._bwd_kv_kernel, (cdiv(m, cfg["bwd_n"]), bh), bwd, opts),
-                 ("bwd_dq", tk._bwd_q_kernel, (cdiv(n, cfg["bwd_m"]), bh), bwd, opts)]
-    return plan
+        return plan + [("bwd_dkdv", tk._bwd_kv_kernel, (cdiv(m, cfg["bwd_n"]), bh), bwd, opts),
+                       ("bwd_dq", tk._bwd_q_kernel, (cdiv(n, cfg["bwd_m"]), bh), bwd, opts)]
+    block_m, block_n, warps, stages = cfg["fa2"]
+    return plan + [
+        ("bwd_delta", tk._bwd_delta_kernel, (cdiv(n, _DELTA_BLOCK), bh),
+         dict(DV=dv, BLOCK_M=_DELTA_BLOCK, BLOCK_DV=meta["BLOCK_DV"]), dict(num_warps=4, num_stages=1)),
+        ("bwd", tk._bwd_kernel, (cdiv(m, block_n), bh), dict(meta, BLOCK_M=block_m, BLOCK_N=block_n),
+         dict(num_warps=warps, num_stages=stages)),
+        ("bwd_dq_cast", tk._bwd_dq_cast_kernel, (cdiv(bh * n * d, _CAST_BLOCK),), dict(BLOCK=_CAST_BLOCK),
+         dict(num_warps=4, num_stages=1))]
 
 
-_FP32_ARGS = {"STATS": "fp32", "PASSES": "i32"}  # pointers of a fixed type; the others have the input dtype
+_DELTA_BLOCK, _CAST_BLOCK = 64, 1024  # rows per delta program, elements per dQ cast program
+_FP32_ARGS = {"STATS": "fp32", "PASSES": "i32", "DELTA": "fp32", "DQ_ACC": "fp32"}  # pointers of a fixed type;
+# the others have the input dtype
 
 
 def _signature(fn, dtype: torch.dtype, constexprs: dict) -> dict[str, str]:
@@ -155,16 +174,20 @@ def _signature(fn, dtype: torch.dtype, constexprs: dict) -> dict[str, str]:
 
 
 def launch_plan(n: int, dtype: torch.dtype, kind: str = "entmax15", head_dim: int = 64, bh: int = 384,
-                need_grad: bool = True, m: int | None = None) -> list[KernelLaunch]:
+                need_grad: bool = True, m: int | None = None, deterministic: bool | None = None) -> list[KernelLaunch]:
     """The kernels the launcher runs for q of ``n`` rows and ``m`` (default n) keys, with the block sizes it
-    picks (fp32: for torch's current float32 matmul precision)."""
+    picks (fp32: for torch's current float32 matmul precision).
+    ``deterministic`` (default: torch's current ``torch.are_deterministic_algorithms_enabled()``, what the
+    backward checks when it runs) picks the atomic-free backward."""
     if triton is None:
         raise RuntimeError("launch_plan needs Triton")
     m = n if m is None else m
-    plan = _plan(n, m, dtype, head_dim, head_dim, bh, kind == "entmax15", need_grad)
+    det = torch.are_deterministic_algorithms_enabled() if deterministic is None else deterministic
+    plan = _plan(n, m, dtype, head_dim, head_dim, bh, kind == "entmax15", need_grad, deterministic=det)
+    scalars = dict(_vit_scalars(n, m, head_dim), numel=bh * n * head_dim)
     return [KernelLaunch(name, fn, _signature(fn, dtype, consts), dict(consts), opts["num_warps"],
-                         opts["num_stages"], grid[0] * grid[1],
-                         {a: v for a, v in _vit_scalars(n, m, head_dim).items() if a in fn.arg_names})
+                         opts["num_stages"], grid[0] * (grid[1] if len(grid) > 1 else 1),
+                         {a: v for a, v in scalars.items() if a in fn.arg_names})
             for name, fn, grid, consts, opts in plan]
 
 
@@ -234,9 +257,19 @@ def _bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, og: Tensor, stats: Tens
     m = k.shape[2]
     dq, dk, dv = (torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (q, k, v))
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(do))
-    plan = _plan(n, m, q.dtype, d, v.shape[-1], b * h, entmax, True)[1:]
-    for (_, fn, grid, consts, opts), outs in zip(plan, ((dk, dv), (dq,))):
-        fn[grid](q, k, v, do, og, stats, *outs, scale, n, m, h, *strides, **consts, **_opts(opts))
+    det = torch.are_deterministic_algorithms_enabled()
+    plan = [(fn, grid, consts, _opts(opts)) for _, fn, grid, consts, opts in
+            _plan(n, m, q.dtype, d, v.shape[-1], b * h, entmax, True, deterministic=det)[1:]]
+    if det:  # no atomics: dK, dV per key block, then dQ per query block
+        for (fn, grid, consts, opts), outs in zip(plan, ((dk, dv), (dq,))):
+            fn[grid](q, k, v, do, og, stats, *outs, scale, n, m, h, *strides, **consts, **opts)
+        return dq, dk, dv
+    (f_delta, g_delta, c_delta, o_delta), (f_bwd, g_bwd, c_bwd, o_bwd), (f_cast, g_cast, c_cast, o_cast) = plan
+    delta = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
+    dq_acc = torch.zeros(b, h, n, d, device=q.device, dtype=torch.float32)
+    f_delta[g_delta](do, og, delta, n, h, *_strides(do), **c_delta, **o_delta)
+    f_bwd[g_bwd](q, k, v, do, delta, stats, dk, dv, dq_acc, scale, n, m, h, *strides, **c_bwd, **o_bwd)
+    f_cast[g_cast](dq_acc, dq, dq.numel(), **c_cast, **o_cast)
     return dq, dk, dv
 
 

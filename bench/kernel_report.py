@@ -5,6 +5,7 @@ python -m bench.kernel_report --target sm_90 --json out.json      # every N x dt
 python -m bench.kernel_report --n 197 --dtype bf16 --kind entmax15 --passes 3
 python -m bench.kernel_report --module /tmp/old_triton_attention.py   # another (single-file) version
 python -m bench.kernel_report --alu        # the ALU pipe in the model's max as well
+python -m bench.kernel_report --deterministic   # the atomic-free backward (torch's deterministic mode)
 ```
 
 For each kernel that ``backbones.triton_attention.launch_plan`` says a call launches (block sizes, warps, stages and
@@ -50,6 +51,7 @@ def load_module(path: str | None):
         return importlib.import_module("backbones.triton_attention")
     spec = importlib.util.spec_from_file_location(f"_kernels_{abs(hash(path))}", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses in the file look their module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -146,6 +148,7 @@ def report(target: str, combos, passes: float, module: str | None, cache: bool =
         ratios.append(dict(kind=kind, dtype=dt, n=n, entmax_us=te, flash_us=tf, ratio={k: te[k] / tf[k] for k in te}))
     return dict(target=target, module=module or "backbones.triton_attention", passes=passes, alu_in_max=alu,
                 fp32_matmul_precision=torch.get_float32_matmul_precision(),
+                deterministic=torch.are_deterministic_algorithms_enabled(),  # the backward's path (atomics or not)
                 model=dict(sms=cost_model.SMS, clock_hz=cost_model.CLOCK_HZ, tensor_rate=cost_model.TENSOR_RATE,
                            fma_lanes=cost_model.FMA_LANES, mufu_lanes=cost_model.MUFU_LANES,
                            alu_lanes=cost_model.ALU_LANES), head_dim=HEAD_DIM, bh=BH,
@@ -258,6 +261,8 @@ def main(argv=None) -> int:
     ap.add_argument("--module", help="a triton_attention.py file to report instead of backbones.triton_attention")
     ap.add_argument("--no-cache", action="store_true", help="recompile everything (cache: build/kernel_report)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes (default: all cores)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="torch.use_deterministic_algorithms(True) first: the backward without atomics")
     ap.add_argument("--fp32-precision", choices=("highest", "high", "medium"),
                     help="torch.set_float32_matmul_precision first (fp32 kernels use tf32 unless 'highest')")
     a = ap.parse_args(argv)
@@ -267,6 +272,8 @@ def main(argv=None) -> int:
         sys.exit("bench.kernel_report compiles kernels: run it without TRITON_INTERPRET=1")
     if a.fp32_precision:
         torch.set_float32_matmul_precision(a.fp32_precision)
+    if a.deterministic:
+        torch.use_deterministic_algorithms(True)
     combos = [(n, dt, kind) for n in a.n or NS for dt in a.dtype or list(DTYPES) for kind in a.kind or list(KINDS)]
     # the yardstick is for the H200 cost model only (it is tuned for sm_90; on sm_80 its backward spills 24 B)
     rep = report(a.target, combos, a.passes, a.module, cache=not a.no_cache, jobs=a.jobs, alu=a.alu,

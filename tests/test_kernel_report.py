@@ -175,7 +175,8 @@ def _check(reports, what):
 def test_every_kernel_compiles_for_sm90_and_sm80(reports):
     for rep in reports.values():
         assert {r["impl"] for r in rep["kernels"]} == ({"entmax", "flash"} if rep["target"] == "sm_90" else {"entmax"})
-        assert {r["kernel"] for r in rep["kernels"] if r["impl"] == "entmax"} >= {"fwd"}
+        assert {r["kernel"] for r in rep["kernels"] if r["impl"] == "entmax"} == \
+            {"fwd", "bwd_delta", "bwd", "bwd_dq_cast"}  # the 5-GEMM backward (not in deterministic mode)
     _check(reports, "does not compile")
 
 
@@ -196,6 +197,24 @@ def test_every_16bit_gemm_on_sm90_uses_wgmma(reports):
     for r in reports["sm_90"]["kernels"]:
         if r["dtype"] != "fp32" and "error" not in r and r["static"]["HGMMA"] + r["static"]["HMMA"]:
             assert r["ptx_wgmma"] > 0 and r["ptx_mma_sync"] == 0, (r["impl"], r["kernel"], r["n"])
+
+
+@compiled
+def test_five_gemm_backward_on_sm90(reports):
+    """The 5-GEMM backward's product kernel, 16-bit on sm_90: wgmma, no spill, and exactly FlashAttention-2's
+    five products per (64-key block, 32-query block) tile, each 64 x 64 x 32 multiply-adds (d = 64), times
+    cdiv(N, 32) query blocks per program (one warpgroup); its delta and dQ-cast kernels have no products."""
+    rows = [r for r in reports["sm_90"]["kernels"] if r["impl"] == "entmax" and r["dtype"] == "bf16"
+            and r["phase"] == "train" and r["kernel"].startswith("bwd")]
+    assert {r["n"] for r in rows if r["kernel"] == "bwd"} == {37, 197, 785}
+    for r in rows:
+        assert r["spill_stores"] == r["spill_loads"] == 0, (r["kernel"], r["n"])
+        if r["kernel"] == "bwd":
+            assert r["ptx_wgmma"] > 0 and r["static"]["HMMA"] == 0, r["n"]
+            assert r["constexprs"]["BLOCK_M"] == "32" and r["constexprs"]["BLOCK_N"] == "64"
+            assert r["macs_per_program"] == {"HGMMA.BF16": 5 * 64 * 64 * 32 * -(-r["n"] // 32)}, r["n"]
+        else:
+            assert r["macs_per_program"] == {} and r["ptx_wgmma"] == 0, r["kernel"]
 
 
 @compiled

@@ -201,6 +201,62 @@ def test_tf32_plan_and_strided_inputs_match_entmax(tf32):
     assert max(errs) < 1e-4, errs
 
 
+_FIVE_GEMM = ["fwd", "bwd_delta", "bwd", "bwd_dq_cast"]
+_DETERMINISTIC = ["fwd", "bwd_dkdv", "bwd_dq"]
+
+
+def test_backward_plan_follows_torch_deterministic_mode():
+    """Atomic fp32 adds make dQ's summation order vary run to run on a GPU: under
+    torch.use_deterministic_algorithms(True) the plan is the atomic-free backward, else FlashAttention-2's
+    5-GEMM one; ``deterministic=`` overrides. The delta and dQ accumulator are fp32 pointers whatever the dtype."""
+    names = lambda **kw: [lp.name for lp in ta.launch_plan(197, torch.bfloat16, **kw)]  # noqa: E731
+    torch.use_deterministic_algorithms(False)  # conftest restores the session's setting after the test
+    assert names() == names(deterministic=False) == _FIVE_GEMM and names(deterministic=True) == _DETERMINISTIC
+    torch.use_deterministic_algorithms(True)
+    assert names() == _DETERMINISTIC and names(deterministic=False) == _FIVE_GEMM
+    assert names(need_grad=False) == ["fwd"]
+    delta, bwd, cast = ta.launch_plan(197, torch.bfloat16, deterministic=False)[1:]
+    assert (delta.signature["DELTA"], bwd.signature["DELTA"], bwd.signature["DQ_ACC"], cast.signature["DQ_ACC"],
+            bwd.signature["DK"], cast.signature["DQ"]) == ("*fp32",) * 4 + ("*bf16",) * 2
+    assert (delta.programs, bwd.programs, cast.programs) == (4 * 384, 4 * 384, -(-384 * 197 * 64 // 1024))
+
+
+class _Spy:
+    """Wraps a kernel: records its name at each launch (``kernel[grid](...)``)."""
+
+    def __init__(self, fn, name, seen):
+        self.fn, self.name, self.seen = fn, name, seen
+
+    def __getitem__(self, grid):
+        self.seen.append(self.name)
+        return self.fn[grid]
+
+
+@kernel
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("kind", ["entmax15", "sparsemax"])
+def test_both_backward_paths_match_entmax(kind, deterministic, tf32, monkeypatch):
+    """The 5-GEMM backward (delta once per row, one pass over key blocks, dQ added atomically in fp32 and cast)
+    and the deterministic one (dK, dV and dQ kernels, no atomics): both give entmax's gradients. 257 tokens
+    (5 key blocks of 64; 9 query steps of 32 in the 5-GEMM kernel, 5 blocks of 64 in the deterministic ones; the
+    last ones ragged) in fp32 (tf32 plan) and bf16; cross-attention, 70 queries x 130 keys. (The other kernel
+    tests run the 5-GEMM backward too: torch's deterministic mode is off there.)"""
+    torch.use_deterministic_algorithms(deterministic)
+    seen = []
+    for name in ("_bwd_delta_kernel", "_bwd_kernel", "_bwd_dq_cast_kernel", "_bwd_kv_kernel", "_bwd_q_kernel"):
+        monkeypatch.setattr(ta.tk, name, _Spy(getattr(ta.tk, name), name, seen))
+    for dtype, n, m, tol in ((torch.float32, 257, 257, 1e-5), (torch.bfloat16, 257, 257, 2.5e-2),
+                             (torch.float32, 70, 130, 1e-5)):
+        g = torch.Generator().manual_seed(29)
+        q, k, v = ((torch.randn(1, 1, r, 16, generator=g, dtype=torch.float64) * 1.5).to(dtype) for r in (n, m, m))
+        seen.clear()
+        errs, mags = _errors(kind, q, k, v, 0.25)
+        assert all(e < tol * mg for e, mg in zip(errs, mags)), (dtype, n, m, errs, mags)
+        assert seen == (["_bwd_kv_kernel", "_bwd_q_kernel"] if deterministic else
+                        ["_bwd_delta_kernel", "_bwd_kernel", "_bwd_dq_cast_kernel"])
+
+
 def _vit_logits(photos: Path, layers=(0, 5, 10), images=1):
     """Attention logits (scaled scores) of a ViT-S/16 at random init on real ImageNet photos (fixtures)."""
     import numpy as np
@@ -284,11 +340,12 @@ from triton.compiler import ASTSource
 from backbones import triton_attention as ta
 assert not ta.interpreted()
 tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-cases = [(197, torch.bfloat16, True, "high"), (197, torch.bfloat16, False, "high"), (785, torch.float16, False, "high"),
-         (197, torch.float32, True, "highest")]
-for n, dtype, grad, prec in cases:
+cases = [(197, torch.bfloat16, True, "high", False), (197, torch.bfloat16, True, "high", True),
+         (197, torch.bfloat16, False, "high", False), (785, torch.float16, False, "high", False),
+         (197, torch.float32, True, "highest", False)]
+for n, dtype, grad, prec, det in cases:
     torch.set_float32_matmul_precision(prec)
-    for l in ta.launch_plan(n, dtype, need_grad=grad):
+    for l in ta.launch_plan(n, dtype, need_grad=grad, deterministic=det):
         attrs = {(l.fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in l.signature.items()
                  if t.startswith("*") or (t == "i32" and l.scalars.get(a, 1) % 16 == 0)}
         k = triton.compile(ASTSource(fn=l.fn, signature=l.signature, constexprs=l.constexprs, attrs=attrs),
@@ -302,7 +359,7 @@ for n, dtype, grad, prec in cases:
         wgmma = k.asm["ptx"].count("wgmma.mma_async")
         print(n, dtype, prec, l.name, "stack", stack, "wgmma", wgmma)
         assert stack == 0, (n, dtype, l.name, use)  # no spills, no local arrays
-        assert wgmma > 0 or l.constexprs["PREC"] == "ieee", (n, dtype, l.name)
+        assert wgmma > 0 or l.constexprs.get("PREC", "ieee") == "ieee", (n, dtype, l.name)  # delta, cast: no GEMM
 print("compiled")
 """
 
@@ -312,7 +369,8 @@ def test_kernels_compile_for_a_gpu_without_one():
     """The interpreter runs the kernels as Python: Triton's compiler (AST -> TTIR -> PTX -> cubin for sm_90,
     ptxas bundled with Triton, no driver needed) catches what the interpreter accepts but a GPU would not
     (loop-carried Python ints, branch types, layouts). The launches are ``launch_plan``'s (the launcher's own
-    block sizes): the 16-bit and tf32 ones use wgmma, and none spills (the ieee fp32 variant included).
+    block sizes; both backward paths): the 16-bit and tf32 ones use wgmma, and none spills (the ieee fp32
+    variant included).
     (``bench.kernel_report`` covers every N, dtype and normaliser.)"""
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
