@@ -64,7 +64,7 @@ class DenseProbeCheck(pl.Callback):
         self._dm = None
         self.disabled = False
         self._t0: Optional[float] = None
-        self._start_step = 0
+        self._first = 0  # this fit's first entry of the series (a resumed fit restores the earlier ones)
         self.share: Optional[float] = None  # the checks' share of this fit's wall time (set at its end)
 
     # -- state: the series survives a resume ------------------------------------------------------
@@ -196,7 +196,7 @@ class DenseProbeCheck(pl.Callback):
                        f"eff. rank {res['diffusion/effective_rank']:.1f} ({res['dense/seconds']:.1f} s)")
 
     def on_train_start(self, trainer, pl_module):
-        self._t0, self._start_step = time.perf_counter(), trainer.global_step  # a resumed fit: its own checks
+        self._t0, self._first = time.perf_counter(), len(self.series)  # a resumed fit: only its own checks
         if trainer.global_step == 0:
             self.run(trainer, pl_module, "start")
 
@@ -213,7 +213,7 @@ class DenseProbeCheck(pl.Callback):
     def on_train_end(self, trainer, pl_module):
         self.run(trainer, pl_module, "end")
         if self._t0 is not None and self.series:  # its cost, stated on every run (docs/performance.md)
-            spent = sum(p.get("dense/seconds", 0.0) for p in self.series if p["step"] >= self._start_step)
+            spent = sum(p["dense/seconds"] for p in self.series[self._first:])
             self.share = spent / max(time.perf_counter() - self._t0, 1e-9)
             rank_zero_info(f"dense checks: {spent:.1f} s, {100 * self.share:.1f} % of this fit's wall time")
 
