@@ -13,16 +13,20 @@ tf32 tensor cores when torch's float32 matmul precision allows them (as SDPA doe
 Kernels (``backbones/triton_kernels.py``; block sizes in ``_blocks``, measured for sm_90, docs/performance.md):
 - forward, one program per (64 query rows, batch*head), 4 warps each owning 16 whole rows (reductions stay in
   the warp; products are wgmma). Up to 256 keys (ViT-S/16: 197, +4 registers: 201; DINO's local crops: 37) the
-  row's scores stay in registers: q k^T once, then register arithmetic only. Longer rows recompute q k^T per
-  pass, block by block.
-  1. row max; z = (s - max)/2 (entmax-1.5) or s - max (sparsemax): tau lies in [-1, 0) as p <= 1;
+  row's scores stay in registers (from 129 keys as two 128-key tiles): q k^T once, then register arithmetic
+  only. Longer rows recompute q k^T per pass, block by block.
+  1. row max of s = q k^T (padded keys: -inf as the product's initial accumulator); z = c s - c max in one
+     FMA, c = scale/2 (entmax-1.5) or scale (sparsemax): z <= 0, and tau lies in [-1, 0) as p <= 1;
   2. tau from t = -1: each pass sums |S|, sum d, sum d^2 and min d over S = {z > t}, d = z - t, and solves the
      closed form on S (the quadratic sum (d - u)^2 = 1; sparsemax: sum (d - u) = 1); the root is tau exactly
      when 0 <= u < min d (S is then its support). Otherwise the next pass starts from that root, which lies
      on the other side of tau (entmax-1.5) or below it (sparsemax, Michelot's step). No fixed iteration
-     count, no approximate tau; ``threshold_passes`` reports the passes per row;
+     count, no approximate tau; ``threshold_passes`` reports the passes per row. Per score a pass is two adds
+     (t - z, and max(z - t, 0) as one saturating add: d <= 1), an add and an FMA for the sums, and two integer
+     ops on t - z's bits (|S| from its sign bit, min d as an integer min);
   3. O = sum p v, written as (B, N, H, dv) (the layer's transpose back is free); only when a gradient is
-     needed also Og = sum g v / sum g (g = dp/dz up to a row constant) for the backward's delta.
+     needed also Og = sum g v / sum g (g = dp/dz up to a row constant) for the backward's delta: p and g from
+     one d = (z - tau)_+ per tile, sum g from the last pass's sums (no extra pass).
 - backward (recomputes p from q, k and the saved (zmax, tau), FlashAttention-style): ds = g (dp - delta),
   dp = dO v^T, delta = sum(g dp)/sum(g) = rowsum(dO * Og). FlashAttention-2's five GEMMs: delta once per row
   (a small kernel), then one program per key block over every query block for dK, dV, with dQ added
@@ -101,7 +105,7 @@ def _prec(dtype: torch.dtype) -> str:
     return "upcast" if dtype == torch.bfloat16 and interpreted() else "tf32"
 
 
-def _blocks(m: int, dtype: torch.dtype, prec: str, need_grad: bool) -> dict:
+def _blocks(m: int, dtype: torch.dtype, prec: str, need_grad: bool, arch: int = 90) -> dict:
     """Block sizes and warps, each choice measured by compiling for sm_90 (registers, spills, wgmma:
     docs/performance.md, "Triton kernel design"). 64 query rows per warpgroup of 4 warps: each warp owns 16
     whole rows, so the threshold's row reductions stay in the warp, and the products are wgmma. ``bwd_*``: the
@@ -115,8 +119,9 @@ def _blocks(m: int, dtype: torch.dtype, prec: str, need_grad: bool) -> dict:
         single = m <= 64
         return dict(single=single, block_m=64, block_n=p2 if single else 64, fwd_warps=4, bwd_m=64, bwd_n=64,
                     bwd_warps=8, fa2=(32, 64, 4, 1))
-    # fp16 with a 256-key tile spilled 312-336 B (inference and training, 4 and 8 warps; bf16: none): block-wise
-    single = m <= (_SINGLE_MAX if dtype == torch.bfloat16 else min(_SINGLE_MAX, 128))
+    # one register tile (two halves) up to 256 keys on sm_90; these spilled, so they go block-wise from 129 keys:
+    # fp16 inference (80 B; bf16 and fp16 training: none) and sm_80's mma.sync layout (16 B)
+    single = m <= (_SINGLE_MAX if arch >= 90 and (dtype == torch.bfloat16 or need_grad) else 128)
     # 5-GEMM backward: 32 query rows per step x 64 keys (its products keep a 64-row wgmma side), 1 stage (2
     # stages staged q and dO through shared memory: 4x the LDS); no spill on sm_90 nor sm_80
     return dict(single=single, block_m=64, block_n=p2 if single else 64, fwd_warps=4, bwd_m=64, bwd_n=64,
@@ -124,18 +129,20 @@ def _blocks(m: int, dtype: torch.dtype, prec: str, need_grad: bool) -> dict:
 
 
 def _plan(n: int, m: int, dtype: torch.dtype, d: int, dv: int, bh: int, entmax: bool, need_grad: bool,
-          count: bool = False, deterministic: bool = False):
+          count: bool = False, deterministic: bool = False, arch: int = 90):
     """(name, kernel, grid, constexprs, launch options) of every launch: the one block-size choice, used by
     the launcher and by :func:`launch_plan`. The backward: FlashAttention-2's 5 GEMMs with atomic dQ, or
     (``deterministic``) the two atomic-free kernels."""
     prec = _prec(dtype)
-    cfg = _blocks(m, dtype, prec, need_grad)
+    cfg = _blocks(m, dtype, prec, need_grad, arch)
     meta = dict(D=d, DV=dv, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
                 ENTMAX=entmax, PREC=prec)
     cdiv = triton.cdiv
+    two = cfg["single"] and cfg["block_n"] > 128  # one register tile in two halves (see _fwd_kernel)
+    block_n = cfg["block_n"] // 2 if two else cfg["block_n"]
     plan = [("fwd", tk._fwd_kernel, (cdiv(n, cfg["block_m"]), bh),
-             dict(meta, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], SINGLE=cfg["single"], NEED_OG=need_grad,
-                  COUNT=count, MAX_PASSES=_MAX_PASSES, FUSED=not interpreted(), OG_N=min(cfg["block_n"], 128)),
+             dict(meta, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, SINGLE=cfg["single"], TWO=two, NEED_OG=need_grad,
+                  COUNT=count, MAX_PASSES=_MAX_PASSES, FUSED=not interpreted()),
              dict(num_warps=cfg["fwd_warps"], num_stages=1))]
     if not need_grad:
         return plan
@@ -174,16 +181,17 @@ def _signature(fn, dtype: torch.dtype, constexprs: dict) -> dict[str, str]:
 
 
 def launch_plan(n: int, dtype: torch.dtype, kind: str = "entmax15", head_dim: int = 64, bh: int = 384,
-                need_grad: bool = True, m: int | None = None, deterministic: bool | None = None) -> list[KernelLaunch]:
+                need_grad: bool = True, m: int | None = None, deterministic: bool | None = None,
+                arch: int = 90) -> list[KernelLaunch]:
     """The kernels the launcher runs for q of ``n`` rows and ``m`` (default n) keys, with the block sizes it
-    picks (fp32: for torch's current float32 matmul precision).
-    ``deterministic`` (default: torch's current ``torch.are_deterministic_algorithms_enabled()``, what the
+    picks (fp32: for torch's current float32 matmul precision) on a GPU of compute capability ``arch`` (90: H100 /
+    H200). ``deterministic`` (default: torch's current ``torch.are_deterministic_algorithms_enabled()``, what the
     backward checks when it runs) picks the atomic-free backward."""
     if triton is None:
         raise RuntimeError("launch_plan needs Triton")
     m = n if m is None else m
     det = torch.are_deterministic_algorithms_enabled() if deterministic is None else deterministic
-    plan = _plan(n, m, dtype, head_dim, head_dim, bh, kind == "entmax15", need_grad, deterministic=det)
+    plan = _plan(n, m, dtype, head_dim, head_dim, bh, kind == "entmax15", need_grad, deterministic=det, arch=arch)
     scalars = dict(_vit_scalars(n, m, head_dim), numel=bh * n * head_dim)
     return [KernelLaunch(name, fn, _signature(fn, dtype, consts), dict(consts), opts["num_warps"],
                          opts["num_stages"], grid[0] * (grid[1] if len(grid) > 1 else 1),
@@ -210,6 +218,14 @@ def _strides(x: Tensor) -> tuple[int, int, int]:
     return x.stride(0), x.stride(1), x.stride(2)
 
 
+def _arch(x: Tensor) -> int:
+    """The compute capability of x's GPU as 90 / 80 / ...; 90 under the interpreter (the blocks of the H100)."""
+    if not x.is_cuda:
+        return 90
+    major, minor = torch.cuda.get_device_capability(x.device)
+    return 10 * major + minor
+
+
 def _unit_last(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -227,7 +243,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, scale: float, entmax: bool, need_g
     og = q.new_empty(b, h, n if need_grad else 0, v.shape[-1])
     stats = torch.empty(b, h, n, 2, device=q.device, dtype=torch.float32)
     passes = torch.zeros(b, h, n if count else 0, device=q.device, dtype=torch.int32)
-    _, fn, grid, consts, opts = _plan(n, k.shape[2], q.dtype, d, v.shape[-1], b * h, entmax, need_grad, count)[0]
+    _, fn, grid, consts, opts = _plan(n, k.shape[2], q.dtype, d, v.shape[-1], b * h, entmax, need_grad, count,
+                                      arch=_arch(q))[0]
     fn[grid](q, k, v, o, og, stats, passes, scale, n, k.shape[2], h, *_strides(q), *_strides(k), *_strides(v),
              *_strides(o), **consts, **_opts(opts))
     return o, og, stats, passes
@@ -259,7 +276,7 @@ def _bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, og: Tensor, stats: Tens
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(do))
     det = torch.are_deterministic_algorithms_enabled()
     plan = [(fn, grid, consts, _opts(opts)) for _, fn, grid, consts, opts in
-            _plan(n, m, q.dtype, d, v.shape[-1], b * h, entmax, True, deterministic=det)[1:]]
+            _plan(n, m, q.dtype, d, v.shape[-1], b * h, entmax, True, deterministic=det, arch=_arch(q))[1:]]
     if det:  # no atomics: dK, dV per key block, then dQ per query block
         for (fn, grid, consts, opts), outs in zip(plan, ((dk, dv), (dq,))):
             fn[grid](q, k, v, do, og, stats, *outs, scale, n, m, h, *strides, **consts, **opts)

@@ -31,6 +31,13 @@ if triton is not None:
         return tl.dot(a, b, input_precision=PREC)
 
     @triton.jit
+    def _dot_acc(a, b, acc, PREC: tl.constexpr):
+        """acc + a @ b (see _dot)."""
+        if PREC == "upcast":
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        return tl.dot(a, b, acc, input_precision=PREC)
+
+    @triton.jit
     def _rows(X, off, s_n, start, n, R: tl.constexpr, C: tl.constexpr, c_real):
         """Rows start..start+R of a (rows, c_real) matrix at X + off with row stride s_n; zeros outside."""
         r = start + tl.arange(0, R)
@@ -46,138 +53,125 @@ if triton is not None:
         return tl.where(offs_n[None, :] < m, s, float("-inf")) - zmax[:, None]
 
     @triton.jit
+    def _scores(q, K, k_off, s_kn, start, m, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr,
+                PREC: tl.constexpr, MASK: tl.constexpr):
+        """s = q k^T for keys start..start+BLOCK_N (raw, unscaled); with MASK keys past m get -inf."""
+        k = _rows(K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D)
+        if MASK:  # -inf as the product's initial accumulator: no per-score select
+            bias = tl.where(start + tl.arange(0, BLOCK_N) < m, 0.0, float("-inf"))
+            return _dot_acc(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], tl.float32) + bias[None, :], PREC)
+        return _dot(q, tl.trans(k), PREC)
+
+    @triton.jit
     def _support_sums(z, t, FUSED: tl.constexpr):
-        """Per row on the support S = {z > t}: |S|, sum and sum of squares of d = z - t, and min d."""
-        d = z - t[:, None]
-        on = d > 0
-        dp = tl.where(on, d, 0.0)
-        if FUSED:  # one reduction over four inputs: each score's terms are consumed at once (no spill at 256 keys)
-            return tl.reduce((on.to(tl.float32), dp, dp * dp, tl.where(on, d, float("inf"))), 1, _combine)
+        """Per row on the support S = {z > t}: |S|, sum and sum of squares of d = z - t, and min d as the int32
+        bit pattern of -d (the minimum of t - z's bits over every key: a negative float's bits order as int32
+        by magnitude, below every non-negative one, so one integer min needs no select for keys outside S)."""
+        nd = t[:, None] - z
+        dp = tl.clamp(z - t[:, None], 0.0, 1.0)  # = max(d, 0) as z <= 0 <= t + 1: one saturating add
+        bits = nd.to(tl.int32, bitcast=True)
+        on = (bits.to(tl.uint32, bitcast=True) >> 31).to(tl.int32)  # the sign bit: z > t (nd is never -0)
+        if FUSED:  # one reduction over four inputs: each score's terms are consumed at once (no spill)
+            return tl.reduce((on, dp, dp * dp, bits), 1, _combine)
         # the interpreter runs a custom combine per element in Python: four vectorised reductions there
-        return tl.sum(on.to(tl.float32), 1), tl.sum(dp, 1), tl.sum(dp * dp, 1), tl.min(tl.where(on, d, float("inf")), 1)
+        return tl.sum(on, 1), tl.sum(dp, 1), tl.sum(dp * dp, 1), tl.min(bits, 1)
 
     @triton.jit
     def _combine(k1, a1, b1, m1, k2, a2, b2, m2):
         return k1 + k2, a1 + a2, b1 + b2, tl.minimum(m1, m2)
 
     @triton.jit
-    def _update(t, k, s1, s2, mn, ENTMAX: tl.constexpr):
-        """One threshold step from the support sums at t: (exact, tau, next t).
+    def _update(t, k, s1, s2, nbits, ENTMAX: tl.constexpr):
+        """One threshold step from the support sums at t: (exact, tau, next t, sum of g at tau).
 
         The closed form on S: u with sum_S (d - u)^2 = 1 (sparsemax: sum_S (d - u) = 1). It is tau exactly
         when S = {z > t + u}, i.e. 0 <= u < min d. Otherwise (entmax-1.5) S was a strict superset of the
         support and t + u an upper bound, or a subset and t + u a lower bound: the next pass's support then
         lies on the other side, and the bounds close in monotonically (a finite number of supports). No real
         root (S far too big): a Newton step from below on ||d_+|| - 1 instead. Sparsemax: u is Michelot's
-        step, always from below."""
+        step, always from below. Sum of g = dp/dz at tau (up to the row constant): sum_S (d - u) (entmax-1.5:
+        g = sqrt(p) = z - tau) or |S| (sparsemax), for the backward's Og without another pass."""
+        mn = -(nbits.to(tl.float32, bitcast=True))  # min d over S; <= 0 when S is empty
+        k = k.to(tl.float32)
         if ENTMAX:
             disc = s1 * s1 - k * (s2 - 1.0)
             has = disc >= 0
             u = (s2 - 1.0) / (s1 + tl.sqrt(tl.maximum(disc, 0.0)))  # the smaller root, without cancellation
             nxt = tl.where(has, t + u, t + (s2 - tl.sqrt(s2)) / s1)
+            g_sum = s1 - k * tl.maximum(u, 0.0)
         else:
             u = (s1 - 1.0) / k
             has = k > 0
             nxt = t + u
+            g_sum = k
         exact = has & (u >= -EPS) & (u < mn)
-        return exact, t + tl.maximum(u, 0.0), nxt
+        return exact, t + tl.maximum(u, 0.0), nxt, g_sum
 
     @triton.jit
-    def _tile_max(q, K, k_off, s_kn, m, coef, zero, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr,
-                  PREC: tl.constexpr):
-        """Row max of coef * q k^T over every key block (the block-wise path's first pass)."""
-        zmax = zero + float("-inf")
-        for start in range(0, m, BLOCK_N):
-            k = _rows(K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D)
-            zmax = tl.maximum(zmax, tl.max(_z_tile(q, k, start, m, coef, zero, BLOCK_N, PREC), 1))
-        return zmax
+    def _row_sums(z_a, z_b, t, q, K, k_off, s_kn, m, coef, zc, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                  D: tl.constexpr, PREC: tl.constexpr, SINGLE: tl.constexpr, TWO: tl.constexpr,
+                  FUSED: tl.constexpr):
+        """_support_sums over the whole row: the register tiles z_a (and z_b with TWO), or (not SINGLE) z
+        recomputed block by block."""
+        if SINGLE:
+            k, s1, s2, nb = _support_sums(z_a, t, FUSED)
+            if TWO:
+                k2, a2, b2, nb2 = _support_sums(z_b, t, FUSED)
+                k, s1, s2, nb = k + k2, s1 + a2, s2 + b2, tl.minimum(nb, nb2)
+        else:
+            k, s1, s2, nb = (t * 0).to(tl.int32), t * 0, t * 0, (t * 0).to(tl.int32) + 2147483647
+            for start in range(0, m, BLOCK_N):
+                z = _scores(q, K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, PREC, True) * coef - zc[:, None]
+                a, b, c, e = _support_sums(z, t, FUSED)
+                k, s1, s2, nb = k + a, s1 + b, s2 + c, tl.minimum(nb, e)
+        return k, s1, s2, nb
 
     @triton.jit
-    def _threshold(z0, q, K, k_off, s_kn, m, coef, zmax, zero, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    def _threshold(z_a, z_b, q, K, k_off, s_kn, m, coef, zc, zero, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, D: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr,
-                   MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr):
-        """tau per row, from t = -1 (= zmax/2 - 1, as p <= 1), and the number of passes each row took.
-        SINGLE: z0 holds the whole row in registers; else every pass recomputes z block by block."""
+                   TWO: tl.constexpr, MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr):
+        """(tau, sum of g at tau, passes) per row, from t = -1 (= zmax/2 - 1, as p <= 1)."""
         t = zero - 1.0
         tau = zero
+        g_sum = zero
         done = zero > 1
         passes = tl.zeros([BLOCK_M], dtype=tl.int32)
         it = tl.full([], 0, tl.int32)  # loop-carried: Triton values, not Python ints
         left = tl.full([], BLOCK_M, tl.int32)
         while left > 0:
-            if SINGLE:
-                k, s1, s2, mn = _support_sums(z0, t, FUSED)
-            else:
-                k, s1, s2, mn = zero, zero, zero, zero + float("inf")
-                for start in range(0, m, BLOCK_N):
-                    kb = _rows(K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D)
-                    a, b, c, e = _support_sums(_z_tile(q, kb, start, m, coef, zmax, BLOCK_N, PREC), t, FUSED)
-                    k, s1, s2, mn = k + a, s1 + b, s2 + c, tl.minimum(mn, e)
-            exact, cand, nxt = _update(t, k, s1, s2, mn, ENTMAX)
+            k, s1, s2, nb = _row_sums(z_a, z_b, t, q, K, k_off, s_kn, m, coef, zc, BLOCK_N, BLOCK_D, D, PREC,
+                                      SINGLE, TWO, FUSED)
+            exact, cand, nxt, gs = _update(t, k, s1, s2, nb, ENTMAX)
             it += 1
             passes = tl.where(done, passes, it)
             fin = ~done & (exact | (it >= MAX_PASSES))  # out of passes (never seen): the last root
             tau = tl.where(fin, tl.where(exact, cand, nxt), tau)
+            if SINGLE:  # block-wise: summed with g v instead (carried here, it took an 8 B stack frame, ieee fp32)
+                g_sum = tl.where(fin, gs, g_sum)
             done = done | fin
             t = nxt
             left = tl.sum((~done).to(tl.int32), 0)
-        return tau, passes
+        return tau, g_sum, passes
 
     @triton.jit
     def _p_g(z, tau, ENTMAX: tl.constexpr):
         """p and g = dp/dz up to a row constant: sqrt(p) for entmax-1.5, [p > 0] for sparsemax."""
-        d = tl.maximum(z - tau[:, None], 0.0)
+        d = tl.clamp(z - tau[:, None], 0.0, 1.0)  # = max(z - tau, 0) as z <= 0 and tau >= -1: a saturating add
         if ENTMAX:
             return d * d, d
         return d, (d > 0).to(tl.float32)
 
     @triton.jit
-    def _g_lo(z, tau, DT: tl.constexpr, ENTMAX: tl.constexpr):
-        """g = sqrt(p) (entmax-1.5) or [p > 0] (sparsemax) in the input dtype, for the product with v."""
-        d = tl.maximum(z - tau[:, None], 0.0)
-        if ENTMAX:
-            return d.to(DT)
-        return (d > 0).to(tl.float32).to(DT)  # via fp32: the interpreter cannot cast bool to bf16
-
-    @triton.jit
-    def _p_lo(z, tau, DT: tl.constexpr, ENTMAX: tl.constexpr):
-        """p in the input dtype, for the product with v."""
-        d = tl.maximum(z - tau[:, None], 0.0)
-        if ENTMAX:
-            d = d * d
-        return d.to(DT)
-
-    @triton.jit
-    def _weighted_values(z0, q, K, V, k_off, sk_n, v_off, sv_n, m, coef, zmax, tau, zero, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, D: tl.constexpr,
-                         DV: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr, NEED_OG: tl.constexpr,
-                         OG_N: tl.constexpr, PREC: tl.constexpr):
-        """sum p v, and with NEED_OG sum g v and sum g, per row; key tiles outside every row's support skipped.
-        One register tile (SINGLE): sum g v comes after sum p v, from q k^T recomputed in OG_N-key pieces, so
-        that the 16-bit p and g tiles of 256 keys never coexist (they spilled; 8 warps duplicated the work)."""
-        DT: tl.constexpr = V.dtype.element_ty
-        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-        acc_g = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-        g_sum = zero
-        for start in range(0, m, BLOCK_N):
-            if SINGLE:
-                acc += _dot(_p_lo(z0, tau, DT, ENTMAX), _rows(V, v_off, sv_n, 0, m, BLOCK_N, BLOCK_DV, DV), PREC)
-            else:
-                z = _z_tile(q, _rows(K, k_off, sk_n, start, m, BLOCK_N, BLOCK_D, D), start, m, coef, zmax,
-                            BLOCK_N, PREC)
-                g = _g_lo(z, tau, DT, ENTMAX)
-                if tl.max(tl.max(g, 1), 0) > 0:  # sparse: a tile outside every row's support adds nothing
-                    v = _rows(V, v_off, sv_n, start, m, BLOCK_N, BLOCK_DV, DV)
-                    if NEED_OG:
-                        acc_g += _dot(g, v, PREC)
-                        g_sum += tl.sum(g.to(tl.float32), 1)
-                    acc += _dot(_p_lo(z, tau, DT, ENTMAX), v, PREC)
-        if SINGLE and NEED_OG:
-            for start in range(0, m, OG_N):
-                kb = _rows(K, k_off, sk_n, start, m, OG_N, BLOCK_D, D)
-                g = _g_lo(_z_tile(q, kb, start, m, coef, zmax, OG_N, PREC), tau, DT, ENTMAX)
-                acc_g += _dot(g, _rows(V, v_off, sv_n, start, m, OG_N, BLOCK_DV, DV), PREC)
-                g_sum += tl.sum(g.to(tl.float32), 1)
+    def _add_values(z, tau, v, acc, acc_g, g_sum, NEED_OG: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr,
+                    G_SUM: tl.constexpr):
+        """acc += p v and (NEED_OG) acc_g += g v for one key tile, p and g from one d = (z - tau)_+ in v's dtype
+        (via fp32: the interpreter cannot cast bool to bf16); with G_SUM also g_sum += sum of g."""
+        p, g = _p_g(z, tau, ENTMAX)
+        acc += _dot(p.to(v.dtype), v, PREC)
+        if NEED_OG:
+            acc_g += _dot(g.to(v.dtype), v, PREC)
+            if G_SUM:
+                g_sum += tl.sum(g, 1)
         return acc, acc_g, g_sum
 
     @triton.jit
@@ -185,10 +179,13 @@ if triton is not None:
                     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
                     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr,
-                    NEED_OG: tl.constexpr, COUNT: tl.constexpr, MAX_PASSES: tl.constexpr, PREC: tl.constexpr,
-                    FUSED: tl.constexpr, OG_N: tl.constexpr):
+                    TWO: tl.constexpr, NEED_OG: tl.constexpr, COUNT: tl.constexpr, MAX_PASSES: tl.constexpr,
+                    PREC: tl.constexpr, FUSED: tl.constexpr):
         """O = sum p v per query row of one (query block, batch*head); (zmax, tau) to STATS; with NEED_OG also
-        OG = sum g v / sum g (the backward's delta); with COUNT the threshold passes per row to PASSES."""
+        OG = sum g v / sum g (the backward's delta); with COUNT the threshold passes per row to PASSES.
+        SINGLE: the row's scores stay in registers (q k^T once): one tile of BLOCK_N keys, or with TWO two
+        (keys 0..BLOCK_N and BLOCK_N..2 BLOCK_N, so that p and g of one half are 16-bit tiles beside the fp32
+        scores without spilling); else every pass recomputes q k^T block by block."""
         bh = tl.program_id(1)
         b, h = bh // heads, bh % heads
         start_m = tl.program_id(0) * BLOCK_M
@@ -196,19 +193,39 @@ if triton is not None:
         k_off, v_off = b * sk_b + h * sk_h, b * sv_b + h * sv_h
         coef = scale * 0.5 if ENTMAX else scale
         zero = tl.zeros([BLOCK_M], dtype=tl.float32)
-        if SINGLE:  # the whole row in one tile: q k^T once, every pass is register arithmetic
-            k = _rows(K, k_off, sk_n, 0, m, BLOCK_N, BLOCK_D, D)
-            z0 = _z_tile(q, k, 0, m, coef, zero, BLOCK_N, PREC)
-            zmax = tl.max(z0, 1)
-            z0 = z0 - zmax[:, None]
+        if SINGLE:  # raw row max first, then z = coef s - coef max in one FMA per score
+            s_a = _scores(q, K, k_off, sk_n, 0, m, BLOCK_N, BLOCK_D, D, PREC, not TWO)  # with TWO: m > BLOCK_N
+            smax = tl.max(s_a, 1)
+            if TWO:
+                s_b = _scores(q, K, k_off, sk_n, BLOCK_N, m, BLOCK_N, BLOCK_D, D, PREC, True)
+                smax = tl.maximum(smax, tl.max(s_b, 1))
+            zc = smax * coef
+            z_a = s_a * coef - zc[:, None]
+            z_b = z_a
+            if TWO:
+                z_b = s_b * coef - zc[:, None]
         else:
-            zmax = _tile_max(q, K, k_off, sk_n, m, coef, zero, BLOCK_N, BLOCK_D, D, PREC)
-            z0 = zmax
-        tau, passes = _threshold(z0, q, K, k_off, sk_n, m, coef, zmax, zero, BLOCK_M, BLOCK_N, BLOCK_D, D, ENTMAX,
-                                 SINGLE, MAX_PASSES, PREC, FUSED)
-        acc, acc_g, g_sum = _weighted_values(z0, q, K, V, k_off, sk_n, v_off, sv_n, m, coef, zmax, tau, zero,
-                                             BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, D, DV, ENTMAX, SINGLE, NEED_OG,
-                                             OG_N, PREC)
+            smax = zero + float("-inf")
+            for start in range(0, m, BLOCK_N):
+                smax = tl.maximum(smax, tl.max(_scores(q, K, k_off, sk_n, start, m, BLOCK_N, BLOCK_D, D, PREC, True), 1))
+            zc = smax * coef
+            z_a, z_b = zc, zc
+        tau, g_sum, passes = _threshold(z_a, z_b, q, K, k_off, sk_n, m, coef, zc, zero, BLOCK_M, BLOCK_N, BLOCK_D,
+                                        D, ENTMAX, SINGLE, TWO, MAX_PASSES, PREC, FUSED)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+        acc_g = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+        if SINGLE:  # g_sum: from the threshold's last pass
+            acc, acc_g, g_sum = _add_values(z_a, tau, _rows(V, v_off, sv_n, 0, m, BLOCK_N, BLOCK_DV, DV), acc, acc_g,
+                                            g_sum, NEED_OG, ENTMAX, PREC, False)
+            if TWO:
+                acc, acc_g, g_sum = _add_values(z_b, tau, _rows(V, v_off, sv_n, BLOCK_N, m, BLOCK_N, BLOCK_DV, DV),
+                                                acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC, False)
+        else:
+            for start in range(0, m, BLOCK_N):
+                z = _scores(q, K, k_off, sk_n, start, m, BLOCK_N, BLOCK_D, D, PREC, True) * coef - zc[:, None]
+                if tl.max(tl.max(z, 1) - tau, 0) > 0:  # sparse: a tile outside every row's support adds nothing
+                    acc, acc_g, g_sum = _add_values(z, tau, _rows(V, v_off, sv_n, start, m, BLOCK_N, BLOCK_DV, DV),
+                                                    acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC, True)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_dv = tl.arange(0, BLOCK_DV)
         out_mask = (offs_m[:, None] < n) & (offs_dv[None, :] < DV)
@@ -216,9 +233,9 @@ if triton is not None:
                  mask=out_mask)
         if NEED_OG:
             tl.store(OG + (bh * n + offs_m[:, None]) * DV + offs_dv[None, :],
-                     (acc_g / g_sum[:, None]).to(OG.dtype.element_ty), mask=out_mask)
+                     (acc_g * (1.0 / g_sum)[:, None]).to(OG.dtype.element_ty), mask=out_mask)
         row = offs_m < n
-        tl.store(STATS + (bh * n + offs_m) * 2, zmax, mask=row)
+        tl.store(STATS + (bh * n + offs_m) * 2, zc, mask=row)
         tl.store(STATS + (bh * n + offs_m) * 2 + 1, tau, mask=row)
         if COUNT:
             tl.store(PASSES + bh * n + offs_m, passes, mask=row)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -67,7 +68,8 @@ def _scalars(launch, n: int, m: int) -> dict:
 
 
 def loop_weights(rec: dict, kernel_ns: dict, passes: float) -> tuple[dict, list]:
-    """addr -> product of the trip counts of the SASS loops around it; and each loop's description."""
+    """addr -> product of the trip counts of the SASS loops around it (0 where no path from the entry reaches);
+    and each loop's description."""
     weights, described = {}, []
     addrs = [x[0] for x in rec["instrs"]]
     for lp in loops_of(rec):
@@ -85,6 +87,7 @@ def loop_weights(rec: dict, kernel_ns: dict, passes: float) -> tuple[dict, list]
         for a in addrs:
             if sass_loops.in_loop(a, lp):
                 weights[a] = weights.get(a, 1.0) * trips
+    weights.update(dict.fromkeys(sass_loops.unreachable([sass.Instr(*x) for x in rec["instrs"]]), 0.0))
     return weights, described
 
 
@@ -111,11 +114,13 @@ def analyse(launch, rec: dict, n: int, m: int, passes: float, alu: bool = False)
                 time_us=cost_model.kernel_time_us(cyc["cycles"], launch.programs))
 
 
-def _launches(plan_fn, impl, n, dtype, kind) -> list[tuple]:
-    """(row labels, launch) of the training plan (need_grad=True) and of the inference plan (forward only)."""
+def _launches(plan_fn, impl, n, dtype, kind, target) -> list[tuple]:
+    """(row labels, launch) of the training plan (need_grad=True) and of the inference plan (forward only), with
+    the target's blocks where the plan depends on the GPU (``arch``)."""
     out = []
+    arch = dict(arch=int(target[3:])) if "arch" in inspect.signature(plan_fn).parameters else {}
     for phase, grad in (("train", True), ("inference", False)):
-        for launch in plan_fn(n, DTYPES[dtype], kind=kind, head_dim=HEAD_DIM, bh=BH, need_grad=grad):
+        for launch in plan_fn(n, DTYPES[dtype], kind=kind, head_dim=HEAD_DIM, bh=BH, need_grad=grad, **arch):
             out.append((dict(impl=impl, phase=phase, n=n, dtype=dtype, kind=kind), launch))
     return out
 
@@ -135,10 +140,10 @@ def report(target: str, combos, passes: float, module: str | None, cache: bool =
     from bench import flash_yardstick
     mod = load_module(module)
     plan_fn = getattr(mod, "launch_plan", None) or (lambda *a, **k: legacy_plan(mod, *a, **k))
-    todo = [x for n, dt, kind in combos for x in _launches(plan_fn, "entmax", n, dt, kind)]
+    todo = [x for n, dt, kind in combos for x in _launches(plan_fn, "entmax", n, dt, kind, target)]
     if yardstick:
         for n, dt in dict.fromkeys((n, dt) for n, dt, _ in combos):
-            todo += _launches(flash_yardstick.launch_plan, "flash", n, dt, "softmax")
+            todo += _launches(flash_yardstick.launch_plan, "flash", n, dt, "softmax", target)
     recs = compile_many([(lp, target, _scalars(lp, lab["n"], lab["n"])) for lab, lp in todo], cache, jobs)
     kernels = [dict(analyse(lp, rec, lab["n"], lab["n"], passes, alu), **lab) for (lab, lp), rec in zip(todo, recs)]
     ratios = []

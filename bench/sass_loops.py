@@ -33,7 +33,9 @@ def _blocks(instrs: list[Instr]) -> tuple[list[tuple[int, int]], dict[int, list[
     succ = {}
     for j, (_, last) in enumerate(blocks):
         ins, nxt = instrs[last], ([j + 1] if j + 1 < len(blocks) else [])
-        if ins.base == "BRA":
+        if ins.op.startswith("BRA.DIV"):  # to a fallback for a diverged warp: never taken in Triton's code,
+            succ[j] = nxt  # whose control flow is uniform across each program
+        elif ins.base == "BRA":
             tgt = [block_of[index[ins.target]]] if ins.target in index else []
             succ[j] = tgt + (nxt if ins.cond else [])
         elif ins.base in _ENDS:
@@ -86,7 +88,7 @@ def find_loops(instrs: list[Instr]) -> list[dict]:
                 while stack:
                     x = stack.pop()
                     for p in pred[x]:
-                        if p not in body:
+                        if p not in body and p in reach:
                             body.add(p)
                             stack.append(p)
                 old_body, old_end = loops.get(h, (set(), -1))
@@ -96,6 +98,16 @@ def find_loops(instrs: list[Instr]) -> list[dict]:
         ranges = [[instrs[blocks[j][0]].addr, instrs[blocks[j][1]].addr] for j in sorted(body)]
         out.append(dict(start=instrs[blocks[h][0]].addr, end=end, ranges=ranges))
     return out
+
+
+def unreachable(instrs: list[Instr]) -> set[int]:
+    """Addresses of the instructions no path from the entry reaches (``BRA.DIV`` fallbacks, the branch-to-self
+    after the last EXIT): they never run, so they count zero times."""
+    if not instrs:
+        return set()
+    blocks, succ = _blocks(instrs)
+    _, reach = _dominators(len(blocks), succ)
+    return {instrs[i].addr for j, (a, b) in enumerate(blocks) if j not in reach for i in range(a, b + 1)}
 
 
 def in_loop(addr: int, loop: dict) -> bool:

@@ -102,6 +102,23 @@ def test_mma_shapes_hand_worked():
         /*0020*/              @!P0 BRA 0x10 ;
         /*0030*/                   EXIT ;""")
     assert sass_loops.find_loops(ins) == [dict(start=0x10, end=0x20, ranges=[[0x10, 0x20]])]
+    # BRA.DIV: to a diverged-warp fallback (0x50-0x70) that rejoins the loop. Never taken in Triton's uniform
+    # control flow: the loop is 0x10-0x30 alone, the fallback and the trailing branch-to-self count zero times
+    ins = sass.parse_sass("""
+        /*0000*/                   MOV R1, R2 ;
+        /*0010*/                   BRA.DIV UR4, 0x50 ;
+        /*0020*/                   SHFL.BFLY PT, R3, R1, 0x1, 0x1f ;
+        /*0030*/              @!P0 BRA 0x10 ;
+        /*0040*/                   EXIT ;
+        /*0050*/                   WARPSYNC.COLLECTIVE R5, 0x60 ;
+        /*0060*/                   FADD R1, R1, R2 ;
+        /*0070*/                   BRA 0x30 ;
+        /*0080*/                   BRA 0x80 ;""")
+    assert sass_loops.find_loops(ins) == [dict(start=0x10, end=0x30, ranges=[[0x10, 0x10], [0x20, 0x20], [0x30, 0x30]])]
+    assert sass_loops.unreachable(ins) == {0x50, 0x60, 0x70, 0x80}
+    rec = dict(instrs=[[i.addr, i.op, i.target, i.cond] for i in ins], ptx_loops=[], branch_chains={})
+    weights, _ = kr.loop_weights(rec, {}, 3)
+    assert sass.weighted_counts(ins, weights)[0]["FADD"] == 0
 
 
 @compiled
