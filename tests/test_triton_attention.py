@@ -190,6 +190,23 @@ def test_ragged_registers_length_bf16(kind, single, monkeypatch):
 
 @kernel
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["entmax15", "sparsemax"])
+@pytest.mark.parametrize("n,m", [(70, 129), (3, 256)])
+def test_two_register_tiles_at_their_edges(kind, n, m):
+    """Rows of 129-256 keys as two 128-key register tiles (fp16 training): 129 keys leave one real key in the
+    second tile, 256 none padded; cross-attention shapes (n != m). Every real score is negative (q >= 0 >= k),
+    so a padded key (a zero row of k: score 0) left unmasked would be each row's maximum."""
+    plan = ta.launch_plan(n, torch.float16, kind, head_dim=16, bh=2, m=m)[0].constexprs
+    assert plan["SINGLE"] and plan["TWO"] and plan["BLOCK_N"] == 128
+    g = torch.Generator().manual_seed(n + m)
+    q, k, v = (torch.randn(1, 2, r, 16, generator=g, dtype=torch.float64) for r in (n, m, m))
+    q, k, v = (q.abs() * 0.5).half(), (-k.abs() * 0.5).half(), v.half()
+    errs, mags = _errors(kind, q, k, v, 0.25)
+    assert all(e < 5e-3 * mg for e, mg in zip(errs, mags)), (errs, mags)
+
+
+@kernel
+@pytest.mark.timeout(300)
 def test_tf32_plan_and_strided_inputs_match_entmax(tf32):
     """q, k, v are strided slices of one fused qkv tensor, as in the attention layer (read in place, no
     copies); fp32 through the tf32 plan."""
