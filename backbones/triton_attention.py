@@ -10,11 +10,12 @@ CPU ``backbones.entmax_fast.sparse_attention``. Inputs fp16/bf16/fp32; products 
 threshold is fp32; the output has the input's dtype (the CPU op returns fp32 for 16-bit inputs). fp32 uses
 tf32 tensor cores when torch's float32 matmul precision allows them (as SDPA does), else exact fp32 products.
 
-Kernels (``backbones/triton_kernels.py``; block sizes in ``_blocks``, measured for sm_90, docs/performance.md):
+Kernels (``backbones/triton_kernels.py``, ``triton_kernels_bwd.py``; block sizes in ``_blocks``, measured for sm_90, docs/performance.md):
 - forward, one program per (64 query rows, batch*head), 4 warps each owning 16 whole rows (reductions stay in
   the warp; products are wgmma). Up to 256 keys (ViT-S/16: 197, +4 registers: 201; DINO's local crops: 37) the
   row's scores stay in registers (from 129 keys as two 128-key tiles): q k^T once, then register arithmetic
-  only. Longer rows recompute q k^T per pass, block by block.
+  only. Longer rows recompute q k^T per pass, block by block; their first sweep finds the row max and a first
+  threshold together (``_first_pass``).
   1. row max of s = q k^T (padded keys: -inf as the product's initial accumulator); z = c s - c max in one
      FMA, c = scale/2 (entmax-1.5) or scale (sparsemax): z <= 0, and tau lies in [-1, 0) as p <= 1;
   2. tau from t = -1: each pass sums |S|, sum d, sum d^2 and min d over S = {z > t}, d = z - t, and solves the
@@ -50,6 +51,7 @@ import torch
 from torch import Tensor
 
 from . import triton_kernels as tk
+from . import triton_kernels_bwd as tkb
 
 triton = tk.triton
 __all__ = ["sparse_attention", "available", "interpreted", "launch_plan", "KernelLaunch", "threshold_passes"]
@@ -149,15 +151,15 @@ def _plan(n: int, m: int, dtype: torch.dtype, d: int, dv: int, bh: int, entmax: 
     if deterministic:
         bwd = dict(meta, BLOCK_M=cfg["bwd_m"], BLOCK_N=cfg["bwd_n"])
         opts = dict(num_warps=cfg["bwd_warps"], num_stages=1)
-        return plan + [("bwd_dkdv", tk._bwd_kv_kernel, (cdiv(m, cfg["bwd_n"]), bh), bwd, opts),
-                       ("bwd_dq", tk._bwd_q_kernel, (cdiv(n, cfg["bwd_m"]), bh), bwd, opts)]
+        return plan + [("bwd_dkdv", tkb._bwd_kv_kernel, (cdiv(m, cfg["bwd_n"]), bh), bwd, opts),
+                       ("bwd_dq", tkb._bwd_q_kernel, (cdiv(n, cfg["bwd_m"]), bh), bwd, opts)]
     block_m, block_n, warps, stages = cfg["fa2"]
     return plan + [
-        ("bwd_delta", tk._bwd_delta_kernel, (cdiv(n, _DELTA_BLOCK), bh),
+        ("bwd_delta", tkb._bwd_delta_kernel, (cdiv(n, _DELTA_BLOCK), bh),
          dict(DV=dv, BLOCK_M=_DELTA_BLOCK, BLOCK_DV=meta["BLOCK_DV"]), dict(num_warps=4, num_stages=1)),
-        ("bwd", tk._bwd_kernel, (cdiv(m, block_n), bh), dict(meta, BLOCK_M=block_m, BLOCK_N=block_n),
+        ("bwd", tkb._bwd_kernel, (cdiv(m, block_n), bh), dict(meta, BLOCK_M=block_m, BLOCK_N=block_n),
          dict(num_warps=warps, num_stages=stages)),
-        ("bwd_dq_cast", tk._bwd_dq_cast_kernel, (cdiv(bh * n * d, _CAST_BLOCK),), dict(BLOCK=_CAST_BLOCK),
+        ("bwd_dq_cast", tkb._bwd_dq_cast_kernel, (cdiv(bh * n * d, _CAST_BLOCK),), dict(BLOCK=_CAST_BLOCK),
          dict(num_warps=4, num_stages=1))]
 
 

@@ -1,14 +1,12 @@
-"""The Triton kernels behind ``backbones.triton_attention`` (launcher, block sizes and custom ops live there).
+"""The Triton forward kernel behind ``backbones.triton_attention`` (launcher, block sizes and custom ops live there).
 
 Notation (per query row): s = q k^T, z = c s - zmax with c = scale/2 (entmax-1.5) or scale (sparsemax), so
 max z = 0 and p = (z - tau)_+^2 (entmax-1.5) or (z - tau)_+ (sparsemax), tau in [-1, 0) (p <= 1 bounds it).
 Tensors are upper case, sizes and strides lower case (``triton_attention._signature`` relies on it). q/k/v/dO
 rows are read through their strides (batch, head, row; the last dimension contiguous): no copies.
 
-Backward, two paths (``triton_attention._plan`` picks one): FlashAttention-2's five GEMMs per tile in one pass
-over key blocks, dQ added atomically in fp32 (``_bwd_delta_kernel``, ``_bwd_kernel``, ``_bwd_dq_cast_kernel``),
-or, when torch's deterministic mode is on, no atomics: one pass over key blocks for dK, dV and one over query
-blocks for dQ (``_bwd_kv_kernel``, ``_bwd_q_kernel``: seven GEMMs per tile pair, delta recomputed per tile).
+The forward kernel and the helpers both directions share; the backward's kernels are in
+``backbones.triton_kernels_bwd``.
 """
 from __future__ import annotations
 
@@ -44,13 +42,6 @@ if triton is not None:
         c = tl.arange(0, C)
         return tl.load(X + off + r[:, None] * s_n + c[None, :], mask=(r[:, None] < n) & (c[None, :] < c_real),
                        other=0.0)
-
-    @triton.jit
-    def _z_tile(q, k, start, m, coef, zmax, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
-        """z = coef * (q k^T) - zmax for one key block; keys past m get -inf."""
-        offs_n = start + tl.arange(0, BLOCK_N)
-        s = _dot(q, tl.trans(k), PREC) * coef
-        return tl.where(offs_n[None, :] < m, s, float("-inf")) - zmax[:, None]
 
     @triton.jit
     def _scores(q, K, k_off, s_kn, start, m, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr,
@@ -127,16 +118,52 @@ if triton is not None:
         return k, s1, s2, nb
 
     @triton.jit
-    def _threshold(z_a, z_b, q, K, k_off, s_kn, m, coef, zc, zero, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    def _superset_sums(s, ref_c, smax, coef):
+        """|S'|, sum y, sum y^2 over S' = {s > smax - 1/coef} of one key block, y = coef s - ref_c."""
+        y = s * coef - ref_c[:, None]
+        nd = (smax * coef - ref_c - 1.0)[:, None] - y  # < 0 on S'
+        on = nd < 0
+        yp = tl.where(on, y, 0.0)
+        return tl.sum(on.to(tl.int32), 1), tl.sum(yp, 1), tl.sum(yp * yp, 1)
+
+    @triton.jit
+    def _first_pass(q, K, k_off, s_kn, m, coef, zero, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    D: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr):
+        """(coef * row max of s, a first t) in one sweep of q k^T for rows of several key blocks: with the row max
+        comes the closed form on S' = the keys above the running max minus 1/coef when their block was read
+        (in z: above -1 then). The running max only grows, so S' holds {z > -1}, hence the support, and the root
+        bounds tau from above (entmax-1.5; sparsemax: Michelot's step from below). S' need not be a level set, so
+        this pass never settles a row. Sums are of y = coef (s - ref), ref = the first block's max, shifted to the
+        final max at the end: their rounding only moves the starting point, clamped to [-1, 0)."""
+        s = _scores(q, K, k_off, s_kn, 0, m, BLOCK_N, BLOCK_D, D, PREC, True)
+        smax = tl.max(s, 1)
+        ref_c = smax * coef
+        k, sy, syy = _superset_sums(s, ref_c, smax, coef)
+        for start in range(BLOCK_N, m, BLOCK_N):
+            s = _scores(q, K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, PREC, True)
+            smax = tl.maximum(smax, tl.max(s, 1))
+            a, b, c = _superset_sums(s, ref_c, smax, coef)
+            k, sy, syy = k + a, sy + b, syy + c
+        zc = smax * coef
+        y0 = zc - ref_c - 1.0  # t = -1 in y; d = y - y0
+        kf = k.to(tl.float32)
+        s1 = sy - kf * y0
+        s2 = syy - 2.0 * y0 * sy + kf * y0 * y0
+        _, _, nxt, _ = _update(zero - 1.0, k, s1, s2, k * 0, ENTMAX)
+        return zc, tl.minimum(tl.maximum(nxt, -1.0), -1e-30)
+
+    @triton.jit
+    def _threshold(z_a, z_b, t, q, K, k_off, s_kn, m, coef, zc, zero, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, D: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr,
-                   TWO: tl.constexpr, MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr):
-        """(tau, sum of g at tau, passes) per row, from t = -1 (= zmax/2 - 1, as p <= 1)."""
-        t = zero - 1.0
+                   TWO: tl.constexpr, MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr,
+                   PASSES_BEFORE: tl.constexpr):
+        """(tau, sum of g at tau, passes) per row, from t (-1 = zmax/2 - 1, as p <= 1, or _first_pass's, which
+        counts as PASSES_BEFORE = 1 pass; ``bench.loop_trips`` runs this loop the assumed passes minus that)."""
         tau = zero
         g_sum = zero
         done = zero > 1
         passes = tl.zeros([BLOCK_M], dtype=tl.int32)
-        it = tl.full([], 0, tl.int32)  # loop-carried: Triton values, not Python ints
+        it = tl.full([], PASSES_BEFORE, tl.int32)  # loop-carried: Triton values, not Python ints
         left = tl.full([], BLOCK_M, tl.int32)
         while left > 0:
             k, s1, s2, nb = _row_sums(z_a, z_b, t, q, K, k_off, s_kn, m, coef, zc, BLOCK_N, BLOCK_D, D, PREC,
@@ -204,14 +231,13 @@ if triton is not None:
             z_b = z_a
             if TWO:
                 z_b = s_b * coef - zc[:, None]
-        else:
-            smax = zero + float("-inf")
-            for start in range(0, m, BLOCK_N):
-                smax = tl.maximum(smax, tl.max(_scores(q, K, k_off, sk_n, start, m, BLOCK_N, BLOCK_D, D, PREC, True), 1))
-            zc = smax * coef
+            t = zero - 1.0
+        else:  # the row max and a first threshold pass in one sweep
+            zc, t = _first_pass(q, K, k_off, sk_n, m, coef, zero, BLOCK_N, BLOCK_D, D, ENTMAX, PREC)
             z_a, z_b = zc, zc
-        tau, g_sum, passes = _threshold(z_a, z_b, q, K, k_off, sk_n, m, coef, zc, zero, BLOCK_M, BLOCK_N, BLOCK_D,
-                                        D, ENTMAX, SINGLE, TWO, MAX_PASSES, PREC, FUSED)
+        tau, g_sum, passes = _threshold(z_a, z_b, t, q, K, k_off, sk_n, m, coef, zc, zero, BLOCK_M, BLOCK_N,
+                                        BLOCK_D, D, ENTMAX, SINGLE, TWO, MAX_PASSES, PREC, FUSED,
+                                        0 if SINGLE else 1)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
         acc_g = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
         if SINGLE:  # g_sum: from the threshold's last pass
@@ -239,157 +265,3 @@ if triton is not None:
         tl.store(STATS + (bh * n + offs_m) * 2 + 1, tau, mask=row)
         if COUNT:
             tl.store(PASSES + bh * n + offs_m, passes, mask=row)
-
-    @triton.jit
-    def _bwd_rows(Q, DO, OG, STATS, b, h, bh, start_m, n, heads, sq_b, sq_h, sq_n, sd_b, sd_h, sd_n,
-                  D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_DV: tl.constexpr):
-        """A query block's q, dO, zmax, tau and delta = rowsum(dO * Og); rows past n are zeros."""
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        row = offs_m < n
-        q = _rows(Q, b * sq_b + h * sq_h, sq_n, start_m, n, BLOCK_M, BLOCK_D, D)
-        do = _rows(DO, b * sd_b + h * sd_h, sd_n, start_m, n, BLOCK_M, BLOCK_DV, DV)
-        og = _rows(OG, bh * n * DV, DV, start_m, n, BLOCK_M, BLOCK_DV, DV)
-        delta = tl.sum(do.to(tl.float32) * og.to(tl.float32), 1)
-        zmax = tl.load(STATS + (bh * n + offs_m) * 2, mask=row, other=0.0)
-        tau = tl.load(STATS + (bh * n + offs_m) * 2 + 1, mask=row, other=0.0)
-        return q, do, zmax, tau, delta
-
-    @triton.jit
-    def _key_block(K, V, scale, m, heads, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, D: tl.constexpr, DV: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr):
-        """A backward key-block program's (bh, b, h, first key, coef) and its k and v rows."""
-        bh = tl.program_id(1)
-        b, h = bh // heads, bh % heads
-        start_n = tl.program_id(0) * BLOCK_N
-        coef = scale * 0.5 if ENTMAX else scale
-        k = _rows(K, b * sk_b + h * sk_h, sk_n, start_n, m, BLOCK_N, BLOCK_D, D)
-        v = _rows(V, b * sv_b + h * sv_h, sv_n, start_n, m, BLOCK_N, BLOCK_DV, DV)
-        return bh, b, h, start_n, coef, k, v
-
-    @triton.jit
-    def _bwd_kv_kernel(Q, K, V, DO, OG, STATS, DK, DV_, scale, n, m, heads,
-                       sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sd_b, sd_h, sd_n,
-                       D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr):
-        """dK, dV of one key block: ds = g (dO v^T - delta) * coef over every query block (no atomics)."""
-        bh, b, h, start_n, coef, k, v = _key_block(K, V, scale, m, heads, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, D, DV,
-                                                   BLOCK_N, BLOCK_D, BLOCK_DV, ENTMAX)
-        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-        dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-        for start_m in range(0, n, BLOCK_M):
-            q, do, zmax, tau, delta = _bwd_rows(Q, DO, OG, STATS, b, h, bh, start_m, n, heads, sq_b, sq_h, sq_n,
-                                                sd_b, sd_h, sd_n, D, DV, BLOCK_M, BLOCK_D, BLOCK_DV)
-            p, g = _p_g(_z_tile(q, k, start_n, m, coef, zmax, BLOCK_N, PREC), tau, ENTMAX)
-            if tl.max(tl.max(g, 1), 0) > 0:  # all-zero tile: no dV, and ds = g * (...) = 0
-                dv += _dot(tl.trans(p.to(do.dtype)), do, PREC)
-                ds = g * (_dot(do, tl.trans(v), PREC) - delta[:, None])
-                dk += _dot(tl.trans(ds.to(q.dtype)), q, PREC)
-        _store_dk_dv(DK, DV_, dk, dv, scale, bh, start_n, m, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV)
-
-    @triton.jit
-    def _store_dk_dv(DK, DV_, dk, dv, scale, bh, start_n, m, D: tl.constexpr, DV: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-        """A key block's dK (times scale) and dV, contiguous (B*H, M, d), in their dtypes."""
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        tl.store(DK + (bh * m + offs_n[:, None]) * D + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
-                 mask=(offs_n[:, None] < m) & (offs_d[None, :] < D))
-        tl.store(DV_ + (bh * m + offs_n[:, None]) * DV + offs_dv[None, :], dv.to(DV_.dtype.element_ty),
-                 mask=(offs_n[:, None] < m) & (offs_dv[None, :] < DV))
-
-    @triton.jit
-    def _bwd_q_kernel(Q, K, V, DO, OG, STATS, DQ, scale, n, m, heads,
-                      sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sd_b, sd_h, sd_n,
-                      D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr):
-        """dQ of one query block over every key block."""
-        bh = tl.program_id(1)
-        b, h = bh // heads, bh % heads
-        start_m = tl.program_id(0) * BLOCK_M
-        coef = scale * 0.5 if ENTMAX else scale
-        q, do, zmax, tau, delta = _bwd_rows(Q, DO, OG, STATS, b, h, bh, start_m, n, heads, sq_b, sq_h, sq_n,
-                                            sd_b, sd_h, sd_n, D, DV, BLOCK_M, BLOCK_D, BLOCK_DV)
-        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        for start_n in range(0, m, BLOCK_N):
-            k = _rows(K, b * sk_b + h * sk_h, sk_n, start_n, m, BLOCK_N, BLOCK_D, D)
-            v = _rows(V, b * sv_b + h * sv_h, sv_n, start_n, m, BLOCK_N, BLOCK_DV, DV)
-            _, g = _p_g(_z_tile(q, k, start_n, m, coef, zmax, BLOCK_N, PREC), tau, ENTMAX)
-            if tl.max(tl.max(g, 1), 0) > 0:
-                ds = g * (_dot(do, tl.trans(v), PREC) - delta[:, None])
-                dq += _dot(ds.to(k.dtype), k, PREC)
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
-        tl.store(DQ + (bh * n + offs_m[:, None]) * D + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
-                 mask=(offs_m[:, None] < n) & (offs_d[None, :] < D))
-
-
-    @triton.jit
-    def _bwd_delta_kernel(DO, OG, DELTA, n, heads, sd_b, sd_h, sd_n, DV: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_DV: tl.constexpr):
-        """delta = rowsum(dO * Og) (fp32, (B*H, N)) once per query row, for ``_bwd_kernel``.
-
-        delta = sum_j g_j dp_j / sum_j g_j with dp = dO v^T, i.e. rowsum(dO * Og), Og = sum g v / sum g. Unlike
-        softmax, where g = p and delta = rowsum(dO * O), entmax-1.5 has g = sqrt(p) != p (sparsemax: g = [p > 0]),
-        so Og is its own tensor (stored by the forward, contiguous (B*H, N, dv)); this reads it once per row
-        instead of once per (key block, query block) pair."""
-        bh = tl.program_id(1)
-        b, h = bh // heads, bh % heads
-        start_m = tl.program_id(0) * BLOCK_M
-        do = _rows(DO, b * sd_b + h * sd_h, sd_n, start_m, n, BLOCK_M, BLOCK_DV, DV)
-        og = _rows(OG, bh * n * DV, DV, start_m, n, BLOCK_M, BLOCK_DV, DV)
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        tl.store(DELTA + bh * n + offs_m, tl.sum(do.to(tl.float32) * og.to(tl.float32), 1), mask=offs_m < n)
-
-    @triton.jit
-    def _bwd_kernel(Q, K, V, DO, DELTA, STATS, DK, DV_, DQ_ACC, scale, n, m, heads,
-                    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sd_b, sd_h, sd_n,
-                    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr):
-        """One key block over every query block, FlashAttention-2's five GEMMs per tile: s = q k^T, dV += p^T dO,
-        dp = dO v^T, dK += ds^T q, and dQ += scale * ds k added atomically to the fp32 DQ_ACC (B*H, N, d), zeroed
-        by the launcher and cast by ``_bwd_dq_cast_kernel``. ds = g (dp - delta), delta from
-        ``_bwd_delta_kernel``. Tiles are kept transposed (keys x queries: s^T = k q^T, dp^T = v dO^T, dQ^T =
-        k^T ds^T), so every product has the key block or d as its 64-row wgmma side and the query block can be
-        smaller than 64 rows: fewer padded rows (N = 197: 224 rows in blocks of 32, 256 in blocks of 64)."""
-        bh, b, h, start_n, coef, k, v = _key_block(K, V, scale, m, heads, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, D, DV,
-                                                   BLOCK_N, BLOCK_D, BLOCK_DV, ENTMAX)
-        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-        dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_bias = tl.where(offs_n < m, 0.0, float("-inf"))  # keys past m, once per program: an add, not a select
-        for start_m in range(0, n, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            row = offs_m < n
-            q = _rows(Q, b * sq_b + h * sq_h, sq_n, start_m, n, BLOCK_M, BLOCK_D, D)
-            do = _rows(DO, b * sd_b + h * sd_h, sd_n, start_m, n, BLOCK_M, BLOCK_DV, DV)
-            zmax = tl.load(STATS + (bh * n + offs_m) * 2, mask=row, other=0.0)
-            tau = tl.load(STATS + (bh * n + offs_m) * 2 + 1, mask=row, other=0.0)
-            delta = tl.load(DELTA + bh * n + offs_m, mask=row, other=0.0)
-            z_t = _dot(k, tl.trans(q), PREC) * coef + k_bias[:, None] - zmax[None, :]  # the forward's z, transposed
-            d_t = tl.maximum(z_t - tau[None, :], 0.0)
-            if ENTMAX:  # p and g (see _p_g), transposed
-                p_t, g_t = d_t * d_t, d_t
-            else:
-                p_t, g_t = d_t, (d_t > 0).to(tl.float32)
-            # all-zero tile: no dV, and ds = g * (...) = 0 (no dK, no dQ); g >= 0, so its sum is 0 iff every g is
-            # (a sum on the FMA pipe, which has room here, where a max is an ALU op)
-            if tl.sum(tl.sum(g_t, 1), 0) > 0:
-                dv += _dot(p_t.to(do.dtype), do, PREC)
-                ds_t = (g_t * (_dot(v, tl.trans(do), PREC) - delta[None, :])).to(q.dtype)
-                dk += _dot(ds_t, q, PREC)
-                # relaxed: the adds need no ordering (the cast kernel reads after this launch): REDG without
-                # the GPU-scope MEMBAR per atomic of the default acq_rel
-                tl.atomic_add(DQ_ACC + (bh * n + offs_m[None, :]) * D + offs_d[:, None],
-                              _dot(tl.trans(k), ds_t, PREC) * scale, mask=row[None, :] & (offs_d[:, None] < D),
-                              sem="relaxed")
-        _store_dk_dv(DK, DV_, dk, dv, scale, bh, start_n, m, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV)
-
-    @triton.jit
-    def _bwd_dq_cast_kernel(DQ_ACC, DQ, numel, BLOCK: tl.constexpr):
-        """dQ = DQ_ACC in dQ's dtype (both contiguous (B*H, N, d))."""
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        keep = offs < numel
-        tl.store(DQ + offs, tl.load(DQ_ACC + offs, mask=keep, other=0.0).to(DQ.dtype.element_ty), mask=keep)

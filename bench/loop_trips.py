@@ -7,7 +7,8 @@ inlining chain (helpers are inlined; the chain lists their call sites). Its trip
 - ``for x in range(a, b, c)`` (also ``tl.range``): evaluated with the kernel's constexprs and scalar arguments
   (N, M, ...), carried into inlined helpers by binding the call site's argument expressions, plus the
   straight-line assignments of each function above the loop;
-- ``while``: data-dependent (the threshold passes); the caller supplies the count (``passes``).
+- ``while``: data-dependent (the threshold passes); the caller supplies the count (``passes``), less the
+  function's ``PASSES_BEFORE`` argument where it has one (passes made before the loop, e.g. fused with the max).
 
 A bound that cannot be evaluated (e.g. it depends on ``tl.program_id``) is reported as unresolved, trip 1.
 """
@@ -131,8 +132,13 @@ def namespace(chain: tuple, kernel_ns: dict) -> dict:
 
 def trip_count(loop: SourceLoop, chain: tuple, depth: int, kernel_ns: dict, passes: float) -> tuple[float, str]:
     """(trips per execution of the enclosing code, how it was found)."""
-    if loop.kind == "while":
-        return float(passes), "while: data-dependent, the assumed pass count"
+    if loop.kind == "while":  # minus the passes made before it, where the function says (PASSES_BEFORE)
+        try:
+            before = int(namespace(chain[depth:], kernel_ns).get("PASSES_BEFORE", 0))
+        except Exception:  # noqa: BLE001 -- an unresolvable argument: no passes before
+            before = 0
+        how = "while: data-dependent, the assumed pass count" + (f" minus {before} made before it" if before else "")
+        return float(max(passes - before, 0)), how
     it = loop.node.iter
     if not (isinstance(it, ast.Call) and getattr(it.func, "id", getattr(it.func, "attr", "")) in ("range",)):
         return 1.0, f"unresolved: not a range loop ({ast.unparse(it)})"

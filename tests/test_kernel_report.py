@@ -242,6 +242,17 @@ def test_every_loop_trip_count_is_resolved(reports):
     # the yardstick forward loops over key blocks: cdiv(N, BLOCK_N) times
     fwd = [lp for impl, k, n, lp in loops if impl == "flash" and k == "flash_fwd" and n == 785]
     assert fwd and fwd[0]["trips"] == -(-785 // 128)
+    # the threshold loop runs the assumed 3 passes with the row in registers (197), and 2 after the block-wise
+    # path's first sweep, which finds the row max and makes the first pass (785)
+    for n, trips in ((197, 3), (785, 2)):
+        whiles = [lp for r in reports["sm_90"]["kernels"] for lp in r.get("loops", []) if "while" in lp["how"]
+                  and (r["impl"], r["kernel"], r["n"], r["dtype"]) == ("entmax", "fwd", n, "bf16")]
+        assert whiles and {lp["trips"] for lp in whiles} == {trips}, (n, whiles)
+    # so the block-wise training forward at 785 makes six q k^T-sized products per 64-key block (13 blocks): the
+    # fused first sweep, 2 passes, then q k^T, p v and g v; each 64 queries x 64 keys x d = 64
+    rows = [r for r in reports["sm_90"]["kernels"] if (r["impl"], r["kernel"], r["n"], r["dtype"], r["phase"],
+                                                       r["kind"]) == ("entmax", "fwd", 785, "bf16", "train", "entmax15")]
+    assert rows and all(r["macs_per_program"] == {"HGMMA.BF16": 6 * 13 * 64 ** 3} for r in rows), rows[0]["loops"]
 
 
 @compiled

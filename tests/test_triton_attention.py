@@ -262,7 +262,7 @@ def test_both_backward_paths_match_entmax(kind, deterministic, tf32, monkeypatch
     torch.use_deterministic_algorithms(deterministic)
     seen = []
     for name in ("_bwd_delta_kernel", "_bwd_kernel", "_bwd_dq_cast_kernel", "_bwd_kv_kernel", "_bwd_q_kernel"):
-        monkeypatch.setattr(ta.tk, name, _Spy(getattr(ta.tk, name), name, seen))
+        monkeypatch.setattr(ta.tkb, name, _Spy(getattr(ta.tkb, name), name, seen))
     for dtype, n, m, tol in ((torch.float32, 257, 257, 1e-5), (torch.bfloat16, 257, 257, 2.5e-2),
                              (torch.float32, 70, 130, 1e-5)):
         g = torch.Generator().manual_seed(29)
