@@ -44,10 +44,22 @@ if triton is not None:
                        other=0.0)
 
     @triton.jit
+    def _block(X, off, s_n, start, n, R: tl.constexpr, C: tl.constexpr, c_real, MASK: tl.constexpr):
+        """_rows, or without MASK rows known to lie below n (a block before the last: no per-row compare)."""
+        if MASK:
+            return _rows(X, off, s_n, start, n, R, C, c_real)
+        r = start + tl.arange(0, R)
+        c = tl.arange(0, C)
+        if C == c_real:
+            return tl.load(X + off + r[:, None] * s_n + c[None, :])
+        return tl.load(X + off + r[:, None] * s_n + c[None, :], mask=c[None, :] < c_real, other=0.0)
+
+    @triton.jit
     def _scores(q, K, k_off, s_kn, start, m, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr,
                 PREC: tl.constexpr, MASK: tl.constexpr):
-        """s = q k^T for keys start..start+BLOCK_N (raw, unscaled); with MASK keys past m get -inf."""
-        k = _rows(K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D)
+        """s = q k^T for keys start..start+BLOCK_N (raw, unscaled); with MASK keys past m get -inf (without,
+        the block must lie below m)."""
+        k = _block(K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, MASK)
         if MASK:  # -inf as the product's initial accumulator: no per-score select
             bias = tl.where(start + tl.arange(0, BLOCK_N) < m, 0.0, float("-inf"))
             return _dot_acc(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], tl.float32) + bias[None, :], PREC)
@@ -104,15 +116,21 @@ if triton is not None:
                   FUSED: tl.constexpr):
         """_support_sums over the whole row: the register tiles z_a (and z_b with TWO), or (not SINGLE) z
         recomputed block by block."""
+        last = (m - 1) // BLOCK_N * BLOCK_N  # the last block's first key (block-wise)
+        stop = m if PREC == "ieee" else last  # exact fp32: every block masked (peeled: a stack frame)
         if SINGLE:
             k, s1, s2, nb = _support_sums(z_a, t, FUSED)
             if TWO:
                 k2, a2, b2, nb2 = _support_sums(z_b, t, FUSED)
                 k, s1, s2, nb = k + k2, s1 + a2, s2 + b2, tl.minimum(nb, nb2)
-        else:
+        else:  # the blocks before the last unmasked, then the last
             k, s1, s2, nb = (t * 0).to(tl.int32), t * 0, t * 0, (t * 0).to(tl.int32) + 2147483647
-            for start in range(0, m, BLOCK_N):
-                z = _scores(q, K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, PREC, True) * coef - zc[:, None]
+            for start in range(0, stop, BLOCK_N):
+                z = _scores(q, K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, PREC, PREC == "ieee") * coef - zc[:, None]
+                a, b, c, e = _support_sums(z, t, FUSED)
+                k, s1, s2, nb = k + a, s1 + b, s2 + c, tl.minimum(nb, e)
+            if PREC != "ieee":
+                z = _scores(q, K, k_off, s_kn, last, m, BLOCK_N, BLOCK_D, D, PREC, True) * coef - zc[:, None]
                 a, b, c, e = _support_sums(z, t, FUSED)
                 k, s1, s2, nb = k + a, s1 + b, s2 + c, tl.minimum(nb, e)
         return k, s1, s2, nb
@@ -135,15 +153,23 @@ if triton is not None:
         bounds tau from above (entmax-1.5; sparsemax: Michelot's step from below). S' need not be a level set, so
         this pass never settles a row. Sums are of y = coef (s - ref), ref = the first block's max, shifted to the
         final max at the end: their rounding only moves the starting point, clamped to [-1, 0)."""
-        s = _scores(q, K, k_off, s_kn, 0, m, BLOCK_N, BLOCK_D, D, PREC, True)
+        last = (m - 1) // BLOCK_N * BLOCK_N
+        stop = m if PREC == "ieee" else last  # exact fp32: every block masked (peeled: a stack frame)
+        s = _scores(q, K, k_off, s_kn, 0, m, BLOCK_N, BLOCK_D, D, PREC, True)  # m may end in the first block
         smax = tl.max(s, 1)
         ref_c = smax * coef
         k, sy, syy = _superset_sums(s, ref_c, smax, coef)
-        for start in range(BLOCK_N, m, BLOCK_N):
-            s = _scores(q, K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, PREC, True)
+        for start in range(BLOCK_N, stop, BLOCK_N):  # the blocks between the first and the last: unmasked
+            s = _scores(q, K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, PREC, PREC == "ieee")
             smax = tl.maximum(smax, tl.max(s, 1))
             a, b, c = _superset_sums(s, ref_c, smax, coef)
             k, sy, syy = k + a, sy + b, syy + c
+        if PREC != "ieee":
+            if last > 0:
+                s = _scores(q, K, k_off, s_kn, last, m, BLOCK_N, BLOCK_D, D, PREC, True)
+                smax = tl.maximum(smax, tl.max(s, 1))
+                a, b, c = _superset_sums(s, ref_c, smax, coef)
+                k, sy, syy = k + a, sy + b, syy + c
         zc = smax * coef
         y0 = zc - ref_c - 1.0  # t = -1 in y; d = y - y0
         kf = k.to(tl.float32)
@@ -202,6 +228,19 @@ if triton is not None:
         return acc, acc_g, g_sum
 
     @triton.jit
+    def _block_values(q, K, V, k_off, sk_n, v_off, sv_n, start, m, coef, zc, tau, acc, acc_g, g_sum,
+                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, D: tl.constexpr,
+                      DV: tl.constexpr, NEED_OG: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr,
+                      MASK: tl.constexpr):
+        """_add_values for one key block of a block-wise row (q k^T recomputed), skipped when it lies outside
+        every row's support."""
+        z = _scores(q, K, k_off, sk_n, start, m, BLOCK_N, BLOCK_D, D, PREC, MASK) * coef - zc[:, None]
+        if tl.max(tl.max(z, 1) - tau, 0) > 0:  # sparse: a tile outside every row's support adds nothing
+            acc, acc_g, g_sum = _add_values(z, tau, _block(V, v_off, sv_n, start, m, BLOCK_N, BLOCK_DV, DV, MASK),
+                                            acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC, True)
+        return acc, acc_g, g_sum
+
+    @triton.jit
     def _fwd_kernel(Q, K, V, O, OG, STATS, PASSES, scale, n, m, heads,
                     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
                     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -220,6 +259,8 @@ if triton is not None:
         k_off, v_off = b * sk_b + h * sk_h, b * sv_b + h * sv_h
         coef = scale * 0.5 if ENTMAX else scale
         zero = tl.zeros([BLOCK_M], dtype=tl.float32)
+        last = (m - 1) // BLOCK_N * BLOCK_N  # the last key block's first key (block-wise rows)
+        stop = m if PREC == "ieee" else last  # exact fp32: every block masked (peeled: a stack frame)
         if SINGLE:  # raw row max first, then z = coef s - coef max in one FMA per score
             s_a = _scores(q, K, k_off, sk_n, 0, m, BLOCK_N, BLOCK_D, D, PREC, not TWO)  # with TWO: m > BLOCK_N
             smax = tl.max(s_a, 1)
@@ -246,12 +287,15 @@ if triton is not None:
             if TWO:
                 acc, acc_g, g_sum = _add_values(z_b, tau, _rows(V, v_off, sv_n, BLOCK_N, m, BLOCK_N, BLOCK_DV, DV),
                                                 acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC, False)
-        else:
-            for start in range(0, m, BLOCK_N):
-                z = _scores(q, K, k_off, sk_n, start, m, BLOCK_N, BLOCK_D, D, PREC, True) * coef - zc[:, None]
-                if tl.max(tl.max(z, 1) - tau, 0) > 0:  # sparse: a tile outside every row's support adds nothing
-                    acc, acc_g, g_sum = _add_values(z, tau, _rows(V, v_off, sv_n, start, m, BLOCK_N, BLOCK_DV, DV),
-                                                    acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC, True)
+        else:  # the blocks before the last unmasked, then the last
+            for start in range(0, stop, BLOCK_N):
+                acc, acc_g, g_sum = _block_values(q, K, V, k_off, sk_n, v_off, sv_n, start, m, coef, zc, tau, acc,
+                                                  acc_g, g_sum, BLOCK_N, BLOCK_D, BLOCK_DV, D, DV, NEED_OG, ENTMAX,
+                                                  PREC, PREC == "ieee")
+            if PREC != "ieee":
+                acc, acc_g, g_sum = _block_values(q, K, V, k_off, sk_n, v_off, sv_n, last, m, coef, zc, tau, acc,
+                                                  acc_g, g_sum, BLOCK_N, BLOCK_D, BLOCK_DV, D, DV, NEED_OG, ENTMAX,
+                                                  PREC, True)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_dv = tl.arange(0, BLOCK_DV)
         out_mask = (offs_m[:, None] < n) & (offs_dv[None, :] < DV)
