@@ -10,7 +10,8 @@ CPU ``backbones.entmax_fast.sparse_attention``. Inputs fp16/bf16/fp32; products 
 threshold is fp32; the output has the input's dtype (the CPU op returns fp32 for 16-bit inputs). fp32 uses
 tf32 tensor cores when torch's float32 matmul precision allows them (as SDPA does), else exact fp32 products.
 
-Kernels (``backbones/triton_kernels.py``, ``triton_kernels_bwd.py``; block sizes in ``_blocks``, measured for sm_90, docs/performance.md):
+Kernels (``backbones/triton_kernels.py``, ``triton_kernels_bwd.py``; block sizes in ``_blocks``, measured for
+sm_90, docs/performance.md):
 - forward, one program per (64 query rows, batch*head), 4 warps each owning 16 whole rows (reductions stay in
   the warp; products are wgmma). Up to 256 keys (ViT-S/16: 197, +4 registers: 201; DINO's local crops: 37) the
   row's scores stay in registers (from 129 keys as two 128-key tiles): q k^T once, then register arithmetic

@@ -66,6 +66,12 @@ if triton is not None:
         return _dot(q, tl.trans(k), PREC)
 
     @triton.jit
+    def _z_block(q, K, k_off, s_kn, start, m, coef, zc, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 D: tl.constexpr, PREC: tl.constexpr, MASK: tl.constexpr):
+        """z = coef s - zmax for one key block of a block-wise row (q k^T recomputed; MASK: see _scores)."""
+        return _scores(q, K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, PREC, MASK) * coef - zc[:, None]
+
+    @triton.jit
     def _support_sums(z, t, FUSED: tl.constexpr):
         """Per row on the support S = {z > t}: |S|, sum and sum of squares of d = z - t, and min d as the int32
         bit pattern of -d (the minimum of t - z's bits over every key: a negative float's bits order as int32
@@ -111,28 +117,27 @@ if triton is not None:
         return exact, t + tl.maximum(u, 0.0), nxt, g_sum
 
     @triton.jit
-    def _row_sums(z_a, z_b, t, q, K, k_off, s_kn, m, coef, zc, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  D: tl.constexpr, PREC: tl.constexpr, SINGLE: tl.constexpr, TWO: tl.constexpr,
-                  FUSED: tl.constexpr):
+    def _row_sums(z_a, z_b, t, q, K, k_off, s_kn, m, last, stop, coef, zc, BLOCK_N: tl.constexpr,
+                  BLOCK_D: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr, SINGLE: tl.constexpr,
+                  TWO: tl.constexpr, FUSED: tl.constexpr):
         """_support_sums over the whole row: the register tiles z_a (and z_b with TWO), or (not SINGLE) z
-        recomputed block by block."""
-        last = (m - 1) // BLOCK_N * BLOCK_N  # the last block's first key (block-wise)
-        stop = m if PREC == "ieee" else last  # exact fp32: every block masked (peeled: a stack frame)
+        recomputed block by block: the blocks before ``stop`` in a loop, then the last one, masked (``last``,
+        ``stop``: see _fwd_kernel)."""
         if SINGLE:
             k, s1, s2, nb = _support_sums(z_a, t, FUSED)
             if TWO:
-                k2, a2, b2, nb2 = _support_sums(z_b, t, FUSED)
-                k, s1, s2, nb = k + k2, s1 + a2, s2 + b2, tl.minimum(nb, nb2)
-        else:  # the blocks before the last unmasked, then the last
+                a, b, c, e = _support_sums(z_b, t, FUSED)
+                k, s1, s2, nb = _combine(k, s1, s2, nb, a, b, c, e)
+        else:
             k, s1, s2, nb = (t * 0).to(tl.int32), t * 0, t * 0, (t * 0).to(tl.int32) + 2147483647
             for start in range(0, stop, BLOCK_N):
-                z = _scores(q, K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, PREC, PREC == "ieee") * coef - zc[:, None]
-                a, b, c, e = _support_sums(z, t, FUSED)
-                k, s1, s2, nb = k + a, s1 + b, s2 + c, tl.minimum(nb, e)
+                a, b, c, e = _support_sums(_z_block(q, K, k_off, s_kn, start, m, coef, zc, BLOCK_N, BLOCK_D, D,
+                                                    PREC, PREC == "ieee"), t, FUSED)
+                k, s1, s2, nb = _combine(k, s1, s2, nb, a, b, c, e)
             if PREC != "ieee":
-                z = _scores(q, K, k_off, s_kn, last, m, BLOCK_N, BLOCK_D, D, PREC, True) * coef - zc[:, None]
-                a, b, c, e = _support_sums(z, t, FUSED)
-                k, s1, s2, nb = k + a, s1 + b, s2 + c, tl.minimum(nb, e)
+                a, b, c, e = _support_sums(_z_block(q, K, k_off, s_kn, last, m, coef, zc, BLOCK_N, BLOCK_D, D,
+                                                    PREC, True), t, FUSED)
+                k, s1, s2, nb = _combine(k, s1, s2, nb, a, b, c, e)
         return k, s1, s2, nb
 
     @triton.jit
@@ -145,7 +150,14 @@ if triton is not None:
         return tl.sum(on.to(tl.int32), 1), tl.sum(yp, 1), tl.sum(yp * yp, 1)
 
     @triton.jit
-    def _first_pass(q, K, k_off, s_kn, m, coef, zero, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    def _superset_step(s, ref_c, smax, coef, k, sy, syy):
+        """The running max and the superset sums after one more key block of scores s."""
+        smax = tl.maximum(smax, tl.max(s, 1))
+        a, b, c = _superset_sums(s, ref_c, smax, coef)
+        return smax, k + a, sy + b, syy + c
+
+    @triton.jit
+    def _first_pass(q, K, k_off, s_kn, m, last, stop, coef, zero, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     D: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr):
         """(coef * row max of s, a first t) in one sweep of q k^T for rows of several key blocks: with the row max
         comes the closed form on S' = the keys above the running max minus 1/coef when their block was read
@@ -153,23 +165,17 @@ if triton is not None:
         bounds tau from above (entmax-1.5; sparsemax: Michelot's step from below). S' need not be a level set, so
         this pass never settles a row. Sums are of y = coef (s - ref), ref = the first block's max, shifted to the
         final max at the end: their rounding only moves the starting point, clamped to [-1, 0)."""
-        last = (m - 1) // BLOCK_N * BLOCK_N
-        stop = m if PREC == "ieee" else last  # exact fp32: every block masked (peeled: a stack frame)
         s = _scores(q, K, k_off, s_kn, 0, m, BLOCK_N, BLOCK_D, D, PREC, True)  # m may end in the first block
         smax = tl.max(s, 1)
         ref_c = smax * coef
         k, sy, syy = _superset_sums(s, ref_c, smax, coef)
         for start in range(BLOCK_N, stop, BLOCK_N):  # the blocks between the first and the last: unmasked
             s = _scores(q, K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, PREC, PREC == "ieee")
-            smax = tl.maximum(smax, tl.max(s, 1))
-            a, b, c = _superset_sums(s, ref_c, smax, coef)
-            k, sy, syy = k + a, sy + b, syy + c
+            smax, k, sy, syy = _superset_step(s, ref_c, smax, coef, k, sy, syy)
         if PREC != "ieee":
             if last > 0:
                 s = _scores(q, K, k_off, s_kn, last, m, BLOCK_N, BLOCK_D, D, PREC, True)
-                smax = tl.maximum(smax, tl.max(s, 1))
-                a, b, c = _superset_sums(s, ref_c, smax, coef)
-                k, sy, syy = k + a, sy + b, syy + c
+                smax, k, sy, syy = _superset_step(s, ref_c, smax, coef, k, sy, syy)
         zc = smax * coef
         y0 = zc - ref_c - 1.0  # t = -1 in y; d = y - y0
         kf = k.to(tl.float32)
@@ -179,7 +185,8 @@ if triton is not None:
         return zc, tl.minimum(tl.maximum(nxt, -1.0), -1e-30)
 
     @triton.jit
-    def _threshold(z_a, z_b, t, q, K, k_off, s_kn, m, coef, zc, zero, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    def _threshold(z_a, z_b, t, q, K, k_off, s_kn, m, last, stop, coef, zc, zero, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, D: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr,
                    TWO: tl.constexpr, MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr,
                    PASSES_BEFORE: tl.constexpr):
@@ -192,8 +199,8 @@ if triton is not None:
         it = tl.full([], PASSES_BEFORE, tl.int32)  # loop-carried: Triton values, not Python ints
         left = tl.full([], BLOCK_M, tl.int32)
         while left > 0:
-            k, s1, s2, nb = _row_sums(z_a, z_b, t, q, K, k_off, s_kn, m, coef, zc, BLOCK_N, BLOCK_D, D, PREC,
-                                      SINGLE, TWO, FUSED)
+            k, s1, s2, nb = _row_sums(z_a, z_b, t, q, K, k_off, s_kn, m, last, stop, coef, zc, BLOCK_N, BLOCK_D,
+                                      D, PREC, SINGLE, TWO, FUSED)
             exact, cand, nxt, gs = _update(t, k, s1, s2, nb, ENTMAX)
             it += 1
             passes = tl.where(done, passes, it)
@@ -234,7 +241,7 @@ if triton is not None:
                       MASK: tl.constexpr):
         """_add_values for one key block of a block-wise row (q k^T recomputed), skipped when it lies outside
         every row's support."""
-        z = _scores(q, K, k_off, sk_n, start, m, BLOCK_N, BLOCK_D, D, PREC, MASK) * coef - zc[:, None]
+        z = _z_block(q, K, k_off, sk_n, start, m, coef, zc, BLOCK_N, BLOCK_D, D, PREC, MASK)
         if tl.max(tl.max(z, 1) - tau, 0) > 0:  # sparse: a tile outside every row's support adds nothing
             acc, acc_g, g_sum = _add_values(z, tau, _block(V, v_off, sv_n, start, m, BLOCK_N, BLOCK_DV, DV, MASK),
                                             acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC, True)
@@ -259,8 +266,10 @@ if triton is not None:
         k_off, v_off = b * sk_b + h * sk_h, b * sv_b + h * sv_h
         coef = scale * 0.5 if ENTMAX else scale
         zero = tl.zeros([BLOCK_M], dtype=tl.float32)
-        last = (m - 1) // BLOCK_N * BLOCK_N  # the last key block's first key (block-wise rows)
-        stop = m if PREC == "ieee" else last  # exact fp32: every block masked (peeled: a stack frame)
+        # block-wise rows: the blocks before ``stop`` run unmasked in the loops, then the one at ``last`` masked
+        # (exact fp32: every block masked in the loop, which then ends at m: peeled, it took a stack frame)
+        last = (m - 1) // BLOCK_N * BLOCK_N
+        stop = m if PREC == "ieee" else last
         if SINGLE:  # raw row max first, then z = coef s - coef max in one FMA per score
             s_a = _scores(q, K, k_off, sk_n, 0, m, BLOCK_N, BLOCK_D, D, PREC, not TWO)  # with TWO: m > BLOCK_N
             smax = tl.max(s_a, 1)
@@ -274,10 +283,10 @@ if triton is not None:
                 z_b = s_b * coef - zc[:, None]
             t = zero - 1.0
         else:  # the row max and a first threshold pass in one sweep
-            zc, t = _first_pass(q, K, k_off, sk_n, m, coef, zero, BLOCK_N, BLOCK_D, D, ENTMAX, PREC)
+            zc, t = _first_pass(q, K, k_off, sk_n, m, last, stop, coef, zero, BLOCK_N, BLOCK_D, D, ENTMAX, PREC)
             z_a, z_b = zc, zc
-        tau, g_sum, passes = _threshold(z_a, z_b, t, q, K, k_off, sk_n, m, coef, zc, zero, BLOCK_M, BLOCK_N,
-                                        BLOCK_D, D, ENTMAX, SINGLE, TWO, MAX_PASSES, PREC, FUSED,
+        tau, g_sum, passes = _threshold(z_a, z_b, t, q, K, k_off, sk_n, m, last, stop, coef, zc, zero, BLOCK_M,
+                                        BLOCK_N, BLOCK_D, D, ENTMAX, SINGLE, TWO, MAX_PASSES, PREC, FUSED,
                                         0 if SINGLE else 1)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
         acc_g = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)

@@ -250,8 +250,9 @@ def test_every_loop_trip_count_is_resolved(reports):
         assert whiles and {lp["trips"] for lp in whiles} == {trips}, (n, whiles)
     # so the block-wise training forward at 785 makes six q k^T-sized products per 64-key block (13 blocks): the
     # fused first sweep, 2 passes, then q k^T, p v and g v; each 64 queries x 64 keys x d = 64
-    rows = [r for r in reports["sm_90"]["kernels"] if (r["impl"], r["kernel"], r["n"], r["dtype"], r["phase"],
-                                                       r["kind"]) == ("entmax", "fwd", 785, "bf16", "train", "entmax15")]
+    key = ("entmax", "fwd", 785, "bf16", "train", "entmax15")
+    rows = [r for r in reports["sm_90"]["kernels"]
+            if (r["impl"], r["kernel"], r["n"], r["dtype"], r["phase"], r["kind"]) == key]
     assert rows and all(r["macs_per_program"] == {"HGMMA.BF16": 6 * 13 * 64 ** 3} for r in rows), rows[0]["loops"]
 
 
