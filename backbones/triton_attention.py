@@ -15,17 +15,21 @@ sm_90, docs/performance.md):
 - forward, one program per (64 query rows, batch*head), 4 warps each owning 16 whole rows (reductions stay in
   the warp; products are wgmma). Up to 256 keys (ViT-S/16: 197, +4 registers: 201; DINO's local crops: 37) the
   row's scores stay in registers (from 129 keys as two 128-key tiles): q k^T once, then register arithmetic
-  only. Longer rows recompute q k^T per pass, block by block; their first sweep finds the row max and a first
-  threshold together (``_first_pass``).
+  only. Longer rows recompute q k^T per pass, block by block (the last block only as wide as its keys need);
+  their first sweep finds the row max and a first threshold together (``_first_pass``: the closed form on
+  the keys above the running max - 1, exact when that is a level set, else a start from the normal model of
+  every key's score).
   1. row max of s = q k^T (padded keys: -inf as the product's initial accumulator); z = c s - c max in one
      FMA, c = scale/2 (entmax-1.5) or scale (sparsemax): z <= 0, and tau lies in [-1, 0) as p <= 1;
-  2. tau from t = -1: each pass sums |S|, sum d, sum d^2 and min d over S = {z > t}, d = z - t, and solves the
-     closed form on S (the quadratic sum (d - u)^2 = 1; sparsemax: sum (d - u) = 1); the root is tau exactly
-     when 0 <= u < min d (S is then its support). Otherwise the next pass starts from that root, which lies
+  2. tau from t = -1: each pass sums |S|, sum d, sum d^2 over S = {z > t}, d = z - t, with min d over S and
+     the distance from t down to the nearest key outside S, and solves the closed form on S (the quadratic
+     sum (d - u)^2 = 1; sparsemax: sum (d - u) = 1); the root is tau exactly when -below <= u < min d (S is
+     then its support, whichever side of tau t was). Otherwise the next pass starts from that root, which lies
      on the other side of tau (entmax-1.5) or below it (sparsemax, Michelot's step). No fixed iteration
-     count, no approximate tau; ``threshold_passes`` reports the passes per row. Per score a pass is two adds
-     (t - z, and max(z - t, 0) as one saturating add: d <= 1), an add and an FMA for the sums, and two integer
-     ops on t - z's bits (|S| from its sign bit, min d as an integer min);
+     count, no approximate tau; ``threshold_passes`` reports the passes per row (``bench.threshold_passes``
+     per 64-row program on real logits). Per score a pass is two adds (t - z, and max(z - t, 0) as one
+     saturating add: d <= 1), an add and an FMA for the sums, and three integer ops on t - z's bits (|S| from
+     its sign bit, min d and the distance below as an int32 and a uint32 min);
   3. O = sum p v, written as (B, N, H, dv) (the layer's transpose back is free); only when a gradient is
      needed also Og = sum g v / sum g (g = dp/dz up to a row constant) for the backward's delta: p and g from
      one d = (z - tau)_+ per tile, sum g from the last pass's sums (no extra pass).
@@ -132,20 +136,24 @@ def _blocks(m: int, dtype: torch.dtype, prec: str, need_grad: bool, arch: int = 
 
 
 def _plan(n: int, m: int, dtype: torch.dtype, d: int, dv: int, bh: int, entmax: bool, need_grad: bool,
-          count: bool = False, deterministic: bool = False, arch: int = 90):
+          count: bool = False, deterministic: bool = False, arch: int = 90, single: bool | None = None):
     """(name, kernel, grid, constexprs, launch options) of every launch: the one block-size choice, used by
     the launcher and by :func:`launch_plan`. The backward: FlashAttention-2's 5 GEMMs with atomic dQ, or
     (``deterministic``) the two atomic-free kernels."""
     prec = _prec(dtype)
     cfg = _blocks(m, dtype, prec, need_grad, arch)
+    if single is not None:  # threshold_passes: the path of another dtype's forward, on fp32 scores
+        cfg.update(single=single, block_n=max(16, triton.next_power_of_2(m)) if single else cfg["block_n"])
     meta = dict(D=d, DV=dv, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
                 ENTMAX=entmax, PREC=prec)
     cdiv = triton.cdiv
     two = cfg["single"] and cfg["block_n"] > 128  # one register tile in two halves (see _fwd_kernel)
     block_n = cfg["block_n"] // 2 if two else cfg["block_n"]
+    # block-wise: the last key block only as wide as the keys it holds need (power of two, >= 16)
+    last_n = block_n if cfg["single"] else max(16, triton.next_power_of_2(m - (m - 1) // block_n * block_n))
     plan = [("fwd", tk._fwd_kernel, (cdiv(n, cfg["block_m"]), bh),
-             dict(meta, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, SINGLE=cfg["single"], TWO=two, NEED_OG=need_grad,
-                  COUNT=count, MAX_PASSES=_MAX_PASSES, FUSED=not interpreted()),
+             dict(meta, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, LAST_N=last_n, SINGLE=cfg["single"], TWO=two,
+                  NEED_OG=need_grad, COUNT=count, MAX_PASSES=_MAX_PASSES, FUSED=not interpreted()),
              dict(num_warps=cfg["fwd_warps"], num_stages=1))]
     if not need_grad:
         return plan
@@ -239,7 +247,8 @@ def _out(q: Tensor, v: Tensor) -> Tensor:
     return q.new_empty(b, n, h, v.shape[-1]).transpose(1, 2)
 
 
-def _forward(q: Tensor, k: Tensor, v: Tensor, scale: float, entmax: bool, need_grad: bool, count: bool):
+def _forward(q: Tensor, k: Tensor, v: Tensor, scale: float, entmax: bool, need_grad: bool, count: bool,
+             single: bool | None = None):
     b, h, n, d = q.shape
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
     o = _out(q, v)
@@ -247,7 +256,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, scale: float, entmax: bool, need_g
     stats = torch.empty(b, h, n, 2, device=q.device, dtype=torch.float32)
     passes = torch.zeros(b, h, n if count else 0, device=q.device, dtype=torch.int32)
     _, fn, grid, consts, opts = _plan(n, k.shape[2], q.dtype, d, v.shape[-1], b * h, entmax, need_grad, count,
-                                      arch=_arch(q))[0]
+                                      arch=_arch(q), single=single)[0]
     fn[grid](q, k, v, o, og, stats, passes, scale, n, k.shape[2], h, *_strides(q), *_strides(k), *_strides(v),
              *_strides(o), **consts, **_opts(opts))
     return o, og, stats, passes
@@ -327,9 +336,14 @@ def _four_d(x: Tensor) -> Tensor:
     return x.reshape(-1, lead[-1], *x.shape[-2:])
 
 
-def threshold_passes(scores: Tensor, kind: str = "entmax15") -> Tensor:
+def threshold_passes(scores: Tensor, kind: str = "entmax15", single: bool | None = None) -> Tensor:
     """Per-row number of passes the forward kernel's threshold search takes on ``scores`` (..., N, M)
-    (the kernel itself, run with fp32 exact products on q = scores, k = identity; CUDA or the interpreter)."""
+    (the kernel itself, run with fp32 exact products on q = scores, k = identity; CUDA or the interpreter).
+    ``single``: the path to count, the register tile of the 16-bit forward up to 256 keys (True; on a GPU it
+    spills in fp32, counts stay exact) or block-wise (False); default the path exact fp32 takes."""
+    if single and scores.shape[-1] > _SINGLE_MAX:
+        raise ValueError(f"threshold_passes: the register-tile path holds at most {_SINGLE_MAX} keys, "
+                         f"got {scores.shape[-1]}")
     lead, n, m = scores.shape[:-2], scores.shape[-2], scores.shape[-1]
     q = _four_d(scores.float())
     eye = torch.eye(m, device=scores.device).expand(*q.shape[:2], m, m)
@@ -337,7 +351,7 @@ def threshold_passes(scores: Tensor, kind: str = "entmax15") -> Tensor:
         prec = torch.get_float32_matmul_precision()
         torch.set_float32_matmul_precision("highest")  # exact s = q I in fp32
         try:
-            passes = _forward(q, eye, eye, 1.0, kind == "entmax15", False, True)[3]
+            passes = _forward(q, eye, eye, 1.0, kind == "entmax15", False, True, single)[3]
         finally:
             torch.set_float32_matmul_precision(prec)
     return passes.reshape(*lead, n)

@@ -73,135 +73,183 @@ if triton is not None:
 
     @triton.jit
     def _support_sums(z, t, FUSED: tl.constexpr):
-        """Per row on the support S = {z > t}: |S|, sum and sum of squares of d = z - t, and min d as the int32
-        bit pattern of -d (the minimum of t - z's bits over every key: a negative float's bits order as int32
-        by magnitude, below every non-negative one, so one integer min needs no select for keys outside S)."""
+        """Per row on the support S = {z > t}: |S|, sum and sum of squares of d = z - t, min d as the int32 bit
+        pattern of -d, and the distance from t down to the nearest key outside S as the uint32 pattern of t - z.
+        One integer min each, no select: the bits of nd = t - z order, as int32, the negative nd (keys in S) by
+        magnitude below every non-negative one, and as uint32 the non-negative nd (keys outside S) by value below
+        every negative one (sign bit set). Padded keys (z = -inf) are infinitely far below."""
         nd = t[:, None] - z
         dp = tl.clamp(z - t[:, None], 0.0, 1.0)  # = max(d, 0) as z <= 0 <= t + 1: one saturating add
         bits = nd.to(tl.int32, bitcast=True)
-        on = (bits.to(tl.uint32, bitcast=True) >> 31).to(tl.int32)  # the sign bit: z > t (nd is never -0)
-        if FUSED:  # one reduction over four inputs: each score's terms are consumed at once (no spill)
-            return tl.reduce((on, dp, dp * dp, bits), 1, _combine)
-        # the interpreter runs a custom combine per element in Python: four vectorised reductions there
-        return tl.sum(on, 1), tl.sum(dp, 1), tl.sum(dp * dp, 1), tl.min(bits, 1)
+        ubits = nd.to(tl.uint32, bitcast=True)
+        on = (ubits >> 31).to(tl.int32)  # the sign bit: z > t (nd is never -0)
+        if FUSED:  # one reduction over five inputs: each score's terms are consumed at once (no spill)
+            return tl.reduce((on, dp, dp * dp, bits, ubits), 1, _combine)
+        # the interpreter runs a custom combine per element in Python: vectorised reductions there
+        return tl.sum(on, 1), tl.sum(dp, 1), tl.sum(dp * dp, 1), tl.min(bits, 1), tl.min(ubits, 1)
 
     @triton.jit
-    def _combine(k1, a1, b1, m1, k2, a2, b2, m2):
-        return k1 + k2, a1 + a2, b1 + b2, tl.minimum(m1, m2)
+    def _combine(k1, a1, b1, m1, w1, k2, a2, b2, m2, w2):
+        return k1 + k2, a1 + a2, b1 + b2, tl.minimum(m1, m2), tl.minimum(w1, w2)
 
     @triton.jit
-    def _update(t, k, s1, s2, nbits, ENTMAX: tl.constexpr):
-        """One threshold step from the support sums at t: (exact, tau, next t, sum of g at tau).
+    def _gauss_root(k, s1, s2, t):
+        """tau of k normal scores with the mean and variance of the d = z - t given by their sums (k E[(x - tau)_+^2]
+        = 1): Newton in a = (tau - mean) / sd from a = 0, 4 steps, on G(a) = (1 + a^2) Phi(-a) - a phi(a) (convex,
+        decreasing), Phi(-a) by Abramowitz & Stegun 26.2.17 (|error| < 7.5e-8; it shares phi's exponential). A
+        start for rows whose keys above t have no real closed-form root: near-uniform rows (a ViT at random
+        init), where the Newton step from below lands far from tau."""
+        mean = s1 / k
+        var = tl.maximum(s2 / k - mean * mean, 1e-20)
+        r = 1.0 / (k * var)
+        a = mean * 0
+        for _ in tl.static_range(4):
+            x = tl.abs(a)
+            phi = 0.3989422804014327 * tl.exp(-0.5 * a * a)
+            w = 1.0 / (1.0 + 0.2316419 * x)  # A&S 26.2.17: Phi(-|a|) = phi(a) w P(w)
+            upper = phi * w * (0.319381530 + w * (-0.356563782 + w * (1.781477937 + w * (-1.821255978
+                                                                                       + w * 1.330274429))))
+            tail = tl.where(a >= 0, upper, 1.0 - upper)
+            a = tl.clamp(a - ((1.0 + a * a) * tail - a * phi - r) / (2.0 * (a * tail - phi)), -4.0, 4.0)
+        return t + mean + a * tl.sqrt(var)
+
+    @triton.jit
+    def _update(t, k, s1, s2, mn, below, ENTMAX: tl.constexpr):
+        """One threshold step from the support sums at t (min d over S: mn; t minus the nearest z outside S:
+        below): (exact, tau, next t, sum of g at tau).
 
         The closed form on S: u with sum_S (d - u)^2 = 1 (sparsemax: sum_S (d - u) = 1). It is tau exactly
-        when S = {z > t + u}, i.e. 0 <= u < min d. Otherwise (entmax-1.5) S was a strict superset of the
-        support and t + u an upper bound, or a subset and t + u a lower bound: the next pass's support then
-        lies on the other side, and the bounds close in monotonically (a finite number of supports). No real
-        root (S far too big): a Newton step from below on ||d_+|| - 1 instead. Sparsemax: u is Michelot's
-        step, always from below. Sum of g = dp/dz at tau (up to the row constant): sum_S (d - u) (entmax-1.5:
-        g = sqrt(p) = z - tau) or |S| (sparsemax), for the backward's Og without another pass."""
-        mn = -(nbits.to(tl.float32, bitcast=True))  # min d over S; <= 0 when S is empty
+        when S = {z > t + u}, i.e. -below <= u < mn: no key crosses between t and t + u, on either side.
+        Otherwise (entmax-1.5) S was a strict superset of the support and t + u an upper bound, or a subset and
+        t + u a lower bound: the next pass's support then lies on the other side, and the bounds close in
+        monotonically (a finite number of supports). No real root (S far too big): a Newton step from below on
+        ||d_+|| - 1. Sparsemax: u is Michelot's step, always from below. Sum of g =
+        dp/dz at tau (up to the row constant): sum_S (d - u) (entmax-1.5: g = sqrt(p) = z - tau) or |S|
+        (sparsemax), for the backward's Og without another pass."""
         k = k.to(tl.float32)
         if ENTMAX:
             disc = s1 * s1 - k * (s2 - 1.0)
             has = disc >= 0
             u = (s2 - 1.0) / (s1 + tl.sqrt(tl.maximum(disc, 0.0)))  # the smaller root, without cancellation
             nxt = tl.where(has, t + u, t + (s2 - tl.sqrt(s2)) / s1)
-            g_sum = s1 - k * tl.maximum(u, 0.0)
         else:
             u = (s1 - 1.0) / k
             has = k > 0
             nxt = t + u
+        step = tl.where(u >= -below, u, tl.maximum(u, 0.0))  # a root within EPS below t (rounding): t itself
+        exact = has & (u < mn) & ((u >= -below) | (u >= -EPS))
+        if ENTMAX:
+            g_sum = s1 - k * step
+        else:
             g_sum = k
-        exact = has & (u >= -EPS) & (u < mn)
-        return exact, t + tl.maximum(u, 0.0), nxt, g_sum
+        return exact, t + step, nxt, g_sum
+
+    @triton.jit
+    def _distances(nb, nw):
+        """(min d over S, distance below t to the nearest key outside S) from _support_sums' bit patterns; +inf
+        where no key lies outside S."""
+        below = tl.where(nw >= 0x80000000, float("inf"), nw.to(tl.float32, bitcast=True))
+        return -(nb.to(tl.float32, bitcast=True)), below
 
     @triton.jit
     def _row_sums(z_a, z_b, t, q, K, k_off, s_kn, m, last, stop, coef, zc, BLOCK_N: tl.constexpr,
-                  BLOCK_D: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr, SINGLE: tl.constexpr,
-                  TWO: tl.constexpr, FUSED: tl.constexpr):
+                  LAST_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr,
+                  SINGLE: tl.constexpr, TWO: tl.constexpr, FUSED: tl.constexpr):
         """_support_sums over the whole row: the register tiles z_a (and z_b with TWO), or (not SINGLE) z
         recomputed block by block: the blocks before ``stop`` in a loop, then the last one, masked (``last``,
         ``stop``: see _fwd_kernel)."""
         if SINGLE:
-            k, s1, s2, nb = _support_sums(z_a, t, FUSED)
+            k, s1, s2, nb, nw = _support_sums(z_a, t, FUSED)
             if TWO:
-                a, b, c, e = _support_sums(z_b, t, FUSED)
-                k, s1, s2, nb = _combine(k, s1, s2, nb, a, b, c, e)
+                k, s1, s2, nb, nw = _combine(k, s1, s2, nb, nw, *_support_sums(z_b, t, FUSED))
         else:
-            k, s1, s2, nb = (t * 0).to(tl.int32), t * 0, t * 0, (t * 0).to(tl.int32) + 2147483647
+            zi = (t * 0).to(tl.int32)
+            k, s1, s2, nb, nw = zi, t * 0, t * 0, zi + 2147483647, (zi - 1).to(tl.uint32, bitcast=True)
             for start in range(0, stop, BLOCK_N):
-                a, b, c, e = _support_sums(_z_block(q, K, k_off, s_kn, start, m, coef, zc, BLOCK_N, BLOCK_D, D,
-                                                    PREC, PREC == "ieee"), t, FUSED)
-                k, s1, s2, nb = _combine(k, s1, s2, nb, a, b, c, e)
+                k, s1, s2, nb, nw = _combine(k, s1, s2, nb, nw, *_support_sums(
+                    _z_block(q, K, k_off, s_kn, start, m, coef, zc, BLOCK_N, BLOCK_D, D, PREC, PREC == "ieee"),
+                    t, FUSED))
             if PREC != "ieee":
-                a, b, c, e = _support_sums(_z_block(q, K, k_off, s_kn, last, m, coef, zc, BLOCK_N, BLOCK_D, D,
-                                                    PREC, True), t, FUSED)
-                k, s1, s2, nb = _combine(k, s1, s2, nb, a, b, c, e)
-        return k, s1, s2, nb
+                k, s1, s2, nb, nw = _combine(k, s1, s2, nb, nw, *_support_sums(
+                    _z_block(q, K, k_off, s_kn, last, m, coef, zc, LAST_N, BLOCK_D, D, PREC, True), t, FUSED))
+        mn, below = _distances(nb, nw)
+        return k, s1, s2, mn, below
 
     @triton.jit
-    def _superset_sums(s, ref_c, smax, coef):
-        """|S'|, sum y, sum y^2 over S' = {s > smax - 1/coef} of one key block, y = coef s - ref_c."""
+    def _superset_sums(s, ref_c, smax, coef, MASK: tl.constexpr):
+        """Of one key block, y = coef s - ref_c: |S'|, sum y, sum y^2 and min y over S' = {s > smax - 1/coef};
+        sum y and sum y^2 over every key (MASK: leaving out the padded ones, s = -inf)."""
         y = s * coef - ref_c[:, None]
-        nd = (smax * coef - ref_c - 1.0)[:, None] - y  # < 0 on S'
-        on = nd < 0
+        on = y > (smax * coef - ref_c - 1.0)[:, None]
         yp = tl.where(on, y, 0.0)
-        return tl.sum(on.to(tl.int32), 1), tl.sum(yp, 1), tl.sum(yp * yp, 1)
+        ya = y
+        if MASK:
+            ya = tl.where(y > float("-inf"), y, 0.0)
+        return (tl.sum(on.to(tl.int32), 1), tl.sum(yp, 1), tl.sum(yp * yp, 1),
+                tl.min(tl.where(on, y, float("inf")), 1), tl.sum(ya, 1), tl.sum(ya * ya, 1))
 
     @triton.jit
-    def _superset_step(s, ref_c, smax, coef, k, sy, syy):
-        """The running max and the superset sums after one more key block of scores s."""
+    def _superset_step(s, ref_c, smax, coef, k, sy, syy, ymin, ay, ayy, MASK: tl.constexpr):
+        """The running max and the first pass's sums after one more key block of scores s."""
         smax = tl.maximum(smax, tl.max(s, 1))
-        a, b, c = _superset_sums(s, ref_c, smax, coef)
-        return smax, k + a, sy + b, syy + c
+        a, b, c, d, e, f = _superset_sums(s, ref_c, smax, coef, MASK)
+        return smax, k + a, sy + b, syy + c, tl.minimum(ymin, d), ay + e, ayy + f
 
     @triton.jit
-    def _first_pass(q, K, k_off, s_kn, m, last, stop, coef, zero, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    D: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr):
-        """(coef * row max of s, a first t) in one sweep of q k^T for rows of several key blocks: with the row max
-        comes the closed form on S' = the keys above the running max minus 1/coef when their block was read
-        (in z: above -1 then). The running max only grows, so S' holds {z > -1}, hence the support, and the root
-        bounds tau from above (entmax-1.5; sparsemax: Michelot's step from below). S' need not be a level set, so
-        this pass never settles a row. Sums are of y = coef (s - ref), ref = the first block's max, shifted to the
-        final max at the end: their rounding only moves the starting point, clamped to [-1, 0)."""
+    def _first_pass(q, K, k_off, s_kn, m, last, stop, coef, zero, BLOCK_N: tl.constexpr, LAST_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr, D: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr):
+        """(coef * row max of s, a first t, settled, tau) in one sweep of q k^T over the key blocks of a block-wise
+        row: with the row max, the closed form on S' = the keys above the running max minus 1/coef when their
+        block was read (in z: above -1 then). The running max only grows, so S' holds {z > -1}, hence the
+        support: the root bounds tau from above (entmax-1.5; sparsemax: Michelot's step, from below), and is tau
+        (the row settled in this pass) when S' is the level set {z > -1} (its min z > -1: the max was in the
+        first block, or no key crossed) and the root passes _update's test. Entmax-1.5 starts from the normal
+        model of every key (_gauss_root), kept below that root. (Not above the Newton step where there is no
+        real root: keys of S' below -1 enter its sums with d < 0, so that step may overshoot.) Sums are of y = coef (s - ref), ref = the first block's max, shifted to
+        the final max at the end: their rounding only moves the starting point, clamped to [-1, 0)."""
         s = _scores(q, K, k_off, s_kn, 0, m, BLOCK_N, BLOCK_D, D, PREC, True)  # m may end in the first block
         smax = tl.max(s, 1)
         ref_c = smax * coef
-        k, sy, syy = _superset_sums(s, ref_c, smax, coef)
+        k, sy, syy, ymin, ay, ayy = _superset_sums(s, ref_c, smax, coef, True)
         for start in range(BLOCK_N, stop, BLOCK_N):  # the blocks between the first and the last: unmasked
             s = _scores(q, K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, PREC, PREC == "ieee")
-            smax, k, sy, syy = _superset_step(s, ref_c, smax, coef, k, sy, syy)
+            smax, k, sy, syy, ymin, ay, ayy = _superset_step(s, ref_c, smax, coef, k, sy, syy, ymin, ay, ayy,
+                                                             PREC == "ieee")
         if PREC != "ieee":
             if last > 0:
-                s = _scores(q, K, k_off, s_kn, last, m, BLOCK_N, BLOCK_D, D, PREC, True)
-                smax, k, sy, syy = _superset_step(s, ref_c, smax, coef, k, sy, syy)
+                s_l = _scores(q, K, k_off, s_kn, last, m, LAST_N, BLOCK_D, D, PREC, True)  # (its own shape)
+                smax, k, sy, syy, ymin, ay, ayy = _superset_step(s_l, ref_c, smax, coef, k, sy, syy, ymin, ay,
+                                                                 ayy, True)
         zc = smax * coef
         y0 = zc - ref_c - 1.0  # t = -1 in y; d = y - y0
         kf = k.to(tl.float32)
         s1 = sy - kf * y0
         s2 = syy - 2.0 * y0 * sy + kf * y0 * y0
-        _, _, nxt, _ = _update(zero - 1.0, k, s1, s2, k * 0, ENTMAX)
-        return zc, tl.minimum(tl.maximum(nxt, -1.0), -1e-30)
+        exact, tau, nxt, _ = _update(zero - 1.0, k, s1, s2, ymin - y0, zero + float("inf"), ENTMAX)
+        if ENTMAX:
+            mf = zero + m
+            g = _gauss_root(mf, ay - mf * y0, ayy - 2.0 * y0 * ay + mf * y0 * y0, zero - 1.0)
+            nxt = tl.where(s1 * s1 >= kf * (s2 - 1.0), tl.minimum(nxt, g), g)
+        return zc, tl.minimum(tl.maximum(nxt, -1.0), -1e-30), exact, tau
 
     @triton.jit
-    def _threshold(z_a, z_b, t, q, K, k_off, s_kn, m, last, stop, coef, zc, zero, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr, D: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr,
-                   TWO: tl.constexpr, MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr,
-                   PASSES_BEFORE: tl.constexpr):
+    def _threshold(z_a, z_b, t, done, tau, q, K, k_off, s_kn, m, last, stop, coef, zc, zero,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LAST_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   D: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr, TWO: tl.constexpr,
+                   MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr, PASSES_BEFORE: tl.constexpr):
         """(tau, sum of g at tau, passes) per row, from t (-1 = zmax/2 - 1, as p <= 1, or _first_pass's, which
-        counts as PASSES_BEFORE = 1 pass; ``bench.loop_trips`` runs this loop the assumed passes minus that)."""
-        tau = zero
+        counts as PASSES_BEFORE = 1 pass and settled the rows ``done`` at ``tau``; ``bench.loop_trips`` runs this
+        loop the assumed passes minus that). The single path's first pass stays in the loop, without
+        _gauss_root: peeled to take it, that forward spilled (16 B at N = 197, bf16) and cost more than the
+        passes it saved."""
         g_sum = zero
-        done = zero > 1
-        passes = tl.zeros([BLOCK_M], dtype=tl.int32)
+        passes = done.to(tl.int32) * PASSES_BEFORE
         it = tl.full([], PASSES_BEFORE, tl.int32)  # loop-carried: Triton values, not Python ints
-        left = tl.full([], BLOCK_M, tl.int32)
+        left = tl.sum((~done).to(tl.int32), 0)
         while left > 0:
-            k, s1, s2, nb = _row_sums(z_a, z_b, t, q, K, k_off, s_kn, m, last, stop, coef, zc, BLOCK_N, BLOCK_D,
-                                      D, PREC, SINGLE, TWO, FUSED)
-            exact, cand, nxt, gs = _update(t, k, s1, s2, nb, ENTMAX)
+            k, s1, s2, mn, below = _row_sums(z_a, z_b, t, q, K, k_off, s_kn, m, last, stop, coef, zc, BLOCK_N,
+                                             LAST_N, BLOCK_D, D, PREC, SINGLE, TWO, FUSED)
+            exact, cand, nxt, gs = _update(t, k, s1, s2, mn, below, ENTMAX)
             it += 1
             passes = tl.where(done, passes, it)
             fin = ~done & (exact | (it >= MAX_PASSES))  # out of passes (never seen): the last root
@@ -251,14 +299,16 @@ if triton is not None:
     def _fwd_kernel(Q, K, V, O, OG, STATS, PASSES, scale, n, m, heads,
                     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
                     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr,
+                    LAST_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr,
+                    SINGLE: tl.constexpr,
                     TWO: tl.constexpr, NEED_OG: tl.constexpr, COUNT: tl.constexpr, MAX_PASSES: tl.constexpr,
                     PREC: tl.constexpr, FUSED: tl.constexpr):
         """O = sum p v per query row of one (query block, batch*head); (zmax, tau) to STATS; with NEED_OG also
         OG = sum g v / sum g (the backward's delta); with COUNT the threshold passes per row to PASSES.
         SINGLE: the row's scores stay in registers (q k^T once): one tile of BLOCK_N keys, or with TWO two
         (keys 0..BLOCK_N and BLOCK_N..2 BLOCK_N, so that p and g of one half are 16-bit tiles beside the fp32
-        scores without spilling); else every pass recomputes q k^T block by block."""
+        scores without spilling); else every pass recomputes q k^T block by block, the last block LAST_N keys
+        wide (the power of two >= 16 that holds the keys left: 32 for N = 785 rather than 64)."""
         bh = tl.program_id(1)
         b, h = bh // heads, bh % heads
         start_m = tl.program_id(0) * BLOCK_M
@@ -282,12 +332,14 @@ if triton is not None:
             if TWO:
                 z_b = s_b * coef - zc[:, None]
             t = zero - 1.0
+            done, tau = zero > 1, zero
         else:  # the row max and a first threshold pass in one sweep
-            zc, t = _first_pass(q, K, k_off, sk_n, m, last, stop, coef, zero, BLOCK_N, BLOCK_D, D, ENTMAX, PREC)
+            zc, t, done, tau = _first_pass(q, K, k_off, sk_n, m, last, stop, coef, zero, BLOCK_N, LAST_N, BLOCK_D,
+                                           D, ENTMAX, PREC)
             z_a, z_b = zc, zc
-        tau, g_sum, passes = _threshold(z_a, z_b, t, q, K, k_off, sk_n, m, last, stop, coef, zc, zero, BLOCK_M,
-                                        BLOCK_N, BLOCK_D, D, ENTMAX, SINGLE, TWO, MAX_PASSES, PREC, FUSED,
-                                        0 if SINGLE else 1)
+        tau, g_sum, passes = _threshold(z_a, z_b, t, done, tau, q, K, k_off, sk_n, m, last, stop, coef, zc, zero,
+                                        BLOCK_M, BLOCK_N, LAST_N, BLOCK_D, D, ENTMAX, SINGLE, TWO, MAX_PASSES, PREC,
+                                        FUSED, 0 if SINGLE else 1)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
         acc_g = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
         if SINGLE:  # g_sum: from the threshold's last pass
@@ -303,7 +355,7 @@ if triton is not None:
                                                   PREC, PREC == "ieee")
             if PREC != "ieee":
                 acc, acc_g, g_sum = _block_values(q, K, V, k_off, sk_n, v_off, sv_n, last, m, coef, zc, tau, acc,
-                                                  acc_g, g_sum, BLOCK_N, BLOCK_D, BLOCK_DV, D, DV, NEED_OG, ENTMAX,
+                                                  acc_g, g_sum, LAST_N, BLOCK_D, BLOCK_DV, D, DV, NEED_OG, ENTMAX,
                                                   PREC, True)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_dv = tl.arange(0, BLOCK_DV)

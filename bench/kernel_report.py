@@ -5,6 +5,7 @@ python -m bench.kernel_report --target sm_90 --json out.json      # every N x dt
 python -m bench.kernel_report --n 197 --dtype bf16 --kind entmax15 --passes 3
 python -m bench.kernel_report --module /tmp/old_triton_attention.py   # another (single-file) version
 python -m bench.kernel_report --alu        # the ALU pipe in the model's max as well
+python -m bench.kernel_report --passes-from passes.json --source vit   # passes measured by bench.threshold_passes
 python -m bench.kernel_report --deterministic   # the atomic-free backward (torch's deterministic mode)
 ```
 
@@ -17,7 +18,8 @@ predicted entmax / flash time ratios for forward, backward and forward + backwar
 
 Counts are static SASS, one per instruction of the listing, multiplied by the trip counts of the loops around it
 (``bench.loop_trips``: ``for ... in range`` bounds evaluated with the launch's N and constexprs; ``while`` loops,
-the data-dependent threshold passes, run ``--passes`` times; loops ptxas unrolled, trips / unroll; loops are the
+the data-dependent threshold passes, run ``--passes`` times (or, with ``--passes-from``, the mean per 64-row
+program that ``bench.threshold_passes`` measured for that N, path and source); loops ptxas unrolled, trips / unroll; loops are the
 natural loops of the SASS control-flow graph, ``bench.sass_loops``). Both sides of every branch are counted (the
 all-zero-tile skips never skip). Table counts are per program (CTA) and per warp; the JSON also has the flat static
 counts. Launches whose name contains "bwd" are the backward; ``launch_plan(need_grad=False)`` is the forward.
@@ -145,19 +147,38 @@ def report(target: str, combos, passes: float, module: str | None, cache: bool =
         for n, dt in dict.fromkeys((n, dt) for n, dt, _ in combos):
             todo += _launches(flash_yardstick.launch_plan, "flash", n, dt, "softmax", target)
     recs = compile_many([(lp, target, _scalars(lp, lab["n"], lab["n"])) for lab, lp in todo], cache, jobs)
-    kernels = [dict(analyse(lp, rec, lab["n"], lab["n"], passes, alu), **lab) for (lab, lp), rec in zip(todo, recs)]
+    per = passes if callable(passes) else (lambda n, launch: passes)  # noqa: E731
+    kernels = [dict(analyse(lp, rec, lab["n"], lab["n"], per(lab["n"], lp), alu), **lab)
+               for (lab, lp), rec in zip(todo, recs)]
     ratios = []
     for n, dt, kind in combos if yardstick else ():
         te, tf = (times([r for r in kernels if (r["impl"], r["n"], r["dtype"], r["kind"]) == (impl, n, dt, k)])
                   for impl, k in (("entmax", kind), ("flash", "softmax")))
         ratios.append(dict(kind=kind, dtype=dt, n=n, entmax_us=te, flash_us=tf, ratio={k: te[k] / tf[k] for k in te}))
-    return dict(target=target, module=module or "backbones.triton_attention", passes=passes, alu_in_max=alu,
+    return dict(target=target, module=module or "backbones.triton_attention",
+                passes=getattr(passes, "description", passes), alu_in_max=alu,
                 fp32_matmul_precision=torch.get_float32_matmul_precision(),
                 deterministic=torch.are_deterministic_algorithms_enabled(),  # the backward's path (atomics or not)
                 model=dict(sms=cost_model.SMS, clock_hz=cost_model.CLOCK_HZ, tensor_rate=cost_model.TENSOR_RATE,
                            fma_lanes=cost_model.FMA_LANES, mufu_lanes=cost_model.MUFU_LANES,
                            alu_lanes=cost_model.ALU_LANES), head_dim=HEAD_DIM, bh=BH,
                 shared_limit=SHARED_LIMIT[target], kernels=kernels, ratios=ratios)
+
+
+def measured_passes(path: str, source: str, default: float):
+    """passes(n, launch) from ``bench.threshold_passes --json``: the mean per 64-row program measured on
+    ``source``'s logits at that N on the launch's path (register tile or block-wise); ``default`` where that N
+    was not measured."""
+    rows = [r for r in json.loads(Path(path).read_text()) if r["source"] == source]
+    if not rows:
+        raise SystemExit(f"{path}: no rows for source '{source}'")
+    means = {(r["n"], r["path"]): r["tile_mean"] for r in rows}
+
+    def passes(n: int, launch) -> float:
+        return means.get((n, "single" if launch.constexprs.get("SINGLE") else "block"), default)
+    passes.description = f"per 64-row program, measured ({source}: " + ", ".join(
+        f"N={n} {p} {v:g}" for (n, p), v in sorted(means.items())) + f"; else {default:g})"
+    return passes
 
 
 def legacy_plan(mod, n, dtype, kind="entmax15", head_dim=64, bh=384, need_grad=True, m=None):
@@ -202,7 +223,7 @@ def markdown(rep: dict) -> str:
     """The kernel table (train-phase launches; per program, per warp, loop-weighted) and, on sm_90, the ratios."""
     cols = ("HGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU", "ALU", "LDS", "STS", "BAR")
     lines = [f"Static compile report, {rep['target']}, head dim {rep['head_dim']}, B·H = {rep['bh']}, "
-             f"threshold passes assumed: {rep['passes']:g}; model: max(tensor, FMA, MUFU"
+             f"threshold passes: {rep['passes']}; model: max(tensor, FMA, MUFU"
              f"{', ALU' if rep.get('alu_in_max') else ''}) cycles", "",
              "| impl | kind | dtype | N | kernel | warps/stages | programs | regs | spill B | smem KB | tensor cores | "
              + " | ".join(cols) + " | bound | µs |", "|" + "---|" * (16 + len(cols))]
@@ -262,6 +283,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=sorted(DTYPES), action="append", help="repeatable; default all three")
     ap.add_argument("--kind", choices=KINDS, action="append", help="repeatable; default both")
     ap.add_argument("--passes", type=float, default=3.0, help="trip count of data-dependent while loops")
+    ap.add_argument("--passes-from", help="bench.threshold_passes --json output: its per-program means instead")
+    ap.add_argument("--source", default="vit", help="with --passes-from: whose logits (vit, gauss-1, gauss-3, ...)")
     ap.add_argument("--alu", action="store_true", help="put the ALU pipe (64 lanes/SM/clk) in the model's max too")
     ap.add_argument("--module", help="a triton_attention.py file to report instead of backbones.triton_attention")
     ap.add_argument("--no-cache", action="store_true", help="recompile everything (cache: build/kernel_report)")
@@ -281,7 +304,8 @@ def main(argv=None) -> int:
         torch.use_deterministic_algorithms(True)
     combos = [(n, dt, kind) for n in a.n or NS for dt in a.dtype or list(DTYPES) for kind in a.kind or list(KINDS)]
     # the yardstick is for the H200 cost model only (it is tuned for sm_90; on sm_80 its backward spills 24 B)
-    rep = report(a.target, combos, a.passes, a.module, cache=not a.no_cache, jobs=a.jobs, alu=a.alu,
+    passes = measured_passes(a.passes_from, a.source, a.passes) if a.passes_from else a.passes
+    rep = report(a.target, combos, passes, a.module, cache=not a.no_cache, jobs=a.jobs, alu=a.alu,
                  yardstick=a.target == "sm_90")
     rep["problems"] = problems(rep)
     if a.json:

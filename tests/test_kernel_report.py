@@ -248,12 +248,46 @@ def test_every_loop_trip_count_is_resolved(reports):
         whiles = [lp for r in reports["sm_90"]["kernels"] for lp in r.get("loops", []) if "while" in lp["how"]
                   and (r["impl"], r["kernel"], r["n"], r["dtype"]) == ("entmax", "fwd", n, "bf16")]
         assert whiles and {lp["trips"] for lp in whiles} == {trips}, (n, whiles)
-    # so the block-wise training forward at 785 makes six q k^T-sized products per 64-key block (13 blocks): the
-    # fused first sweep, 2 passes, then q k^T, p v and g v; each 64 queries x 64 keys x d = 64
+    # so the block-wise training forward at 785 makes six q k^T-sized products per key block: the fused first
+    # sweep, 2 passes, then q k^T, p v and g v; each 64 queries x d = 64 x the block's keys: 12 blocks of 64 and
+    # the last one 32 wide (785 - 768 = 17 keys)
     key = ("entmax", "fwd", 785, "bf16", "train", "entmax15")
     rows = [r for r in reports["sm_90"]["kernels"]
             if (r["impl"], r["kernel"], r["n"], r["dtype"], r["phase"], r["kind"]) == key]
-    assert rows and all(r["macs_per_program"] == {"HGMMA.BF16": 6 * 13 * 64 ** 3} for r in rows), rows[0]["loops"]
+    assert rows and all(r["macs_per_program"] == {"HGMMA.BF16": 6 * 64 * 64 * (12 * 64 + 32)} for r in rows), \
+        rows[0]["loops"]
+
+
+class _Launch:
+    def __init__(self, single):
+        self.constexprs = {"SINGLE": single}
+
+
+def test_measured_passes_per_n_and_path(tmp_path):
+    """--passes-from: the per-program mean of bench.threshold_passes' record for that N, path and source; the
+    default where none was measured."""
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps([dict(source="vit", n=197, path="single", tile_mean=4.0),
+                             dict(source="vit", n=197, path="block", tile_mean=3.33),
+                             dict(source="gauss-3", n=197, path="single", tile_mean=3.0)]))
+    passes = kr.measured_passes(str(f), "vit", 3.0)
+    assert (passes(197, _Launch(True)), passes(197, _Launch(False)), passes(785, _Launch(False))) == (4.0, 3.33, 3.0)
+    assert kr.measured_passes(str(f), "gauss-3", 3.0)(197, _Launch(True)) == 3.0
+    with pytest.raises(SystemExit, match="no rows"):
+        kr.measured_passes(str(f), "gauss-9", 3.0)
+
+
+@compiled
+@pytest.mark.timeout(300)
+def test_measured_passes_set_the_threshold_loop(tmp_path):
+    """The block-wise forward's while loop runs the measured per-program mean minus the fused first sweep."""
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps([dict(source="vit", n=785, path="block", tile_mean=4.17)]))
+    rep = kr.report("sm_90", [(785, "bf16", "entmax15")], kr.measured_passes(str(f), "vit", 3.0), None,
+                    yardstick=False)
+    whiles = [lp["trips"] for r in rep["kernels"] if r["kernel"] == "fwd" for lp in r["loops"] if "while" in lp["how"]]
+    assert whiles and all(t == pytest.approx(3.17) for t in whiles), whiles
+    assert rep["passes"].startswith("per 64-row program, measured (vit: N=785 block 4.17")
 
 
 @compiled
