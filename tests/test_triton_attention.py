@@ -179,6 +179,25 @@ def test_edge_rows_match_entmax(kind, case):
 
 @kernel
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["entmax15", "sparsemax"])
+def test_block_wise_first_sweep_on_edge_rows(kind, tf32):
+    """The block-wise first sweep (tf32 plan, 84 keys: a 64-key block, then the last 32 wide) on rows it settles
+    alone (all scores equal: the superset is every key, a level set) and on one-hot rows whose max key sits in
+    the last block (the running max jumps there: the superset is no level set, and the start from the normal
+    model of every key has a near-zero variance to cope with)."""
+    g = torch.Generator().manual_seed(19)
+    eq = (torch.zeros(1, 1, 84, 8), torch.randn(1, 1, 84, 8, generator=g), torch.randn(1, 1, 84, 8, generator=g))
+    k = torch.randn(1, 1, 84, 8, generator=g) * 0.01
+    k[0, 0, 80] = 30.0  # the 81st key: every query's one support key
+    hot = (torch.ones(1, 1, 84, 8), k, torch.randn(1, 1, 84, 8, generator=g))
+    assert ta.launch_plan(84, torch.float32)[0].constexprs["LAST_N"] == 32
+    for q, k, v in (eq, hot):
+        errs, mags = _errors(kind, q, k, v, 1.0)
+        assert all(e <= 1e-4 * max(1.0, mg) for e, mg in zip(errs, mags)), (errs, mags)
+
+
+@kernel
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind,single", [("entmax15", True), ("sparsemax", True), ("entmax15", False)])
 def test_ragged_registers_length_bf16(kind, single, monkeypatch):
     """ViT-S/16 with 4 registers: 201 tokens, one 256-wide tile (55 masked keys), 16-bit products; and the
