@@ -72,25 +72,24 @@ if triton is not None:
         return _scores(q, K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, PREC, MASK) * coef - zc[:, None]
 
     @triton.jit
-    def _support_sums(z, t, FUSED: tl.constexpr):
-        """Per row on the support S = {z > t}: |S|, sum and sum of squares of d = z - t, min d as the int32 bit
-        pattern of -d, and the distance from t down to the nearest key outside S as the uint32 pattern of t - z.
-        One integer min each, no select: the bits of nd = t - z order, as int32, the negative nd (keys in S) by
-        magnitude below every non-negative one, and as uint32 the non-negative nd (keys outside S) by value below
-        every negative one (sign bit set). Padded keys (z = -inf) are infinitely far below."""
-        nd = t[:, None] - z
+    def _support_sums(z, t, sgn, FUSED: tl.constexpr):
+        """Per row: sum and sum of squares of d = z - t over S = {z > t}; and on the side of t that sgn picks
+        (+1: above, S; -1: below) the count of keys strictly there and the nearest one's distance, as the int32
+        bit pattern of minus it. nd = sgn (t - z) is one FFMA; its sign bit marks that side's keys, and as int32
+        the negative nd order by magnitude below every non-negative one: one integer min, no select. Padded
+        keys (z = -inf) are infinitely far below."""
+        nd = (t * sgn)[:, None] - z * sgn[:, None]
         dp = tl.clamp(z - t[:, None], 0.0, 1.0)  # = max(d, 0) as z <= 0 <= t + 1: one saturating add
         bits = nd.to(tl.int32, bitcast=True)
-        ubits = nd.to(tl.uint32, bitcast=True)
-        on = (ubits >> 31).to(tl.int32)  # the sign bit: z > t (nd is never -0)
-        if FUSED:  # one reduction over five inputs: each score's terms are consumed at once (no spill)
-            return tl.reduce((on, dp, dp * dp, bits, ubits), 1, _combine)
-        # the interpreter runs a custom combine per element in Python: vectorised reductions there
-        return tl.sum(on, 1), tl.sum(dp, 1), tl.sum(dp * dp, 1), tl.min(bits, 1), tl.min(ubits, 1)
+        on = (bits.to(tl.uint32, bitcast=True) >> 31).to(tl.int32)  # nd < 0 (nd is never -0)
+        if FUSED:  # one reduction over four inputs: each score's terms are consumed at once (no spill)
+            return tl.reduce((on, dp, dp * dp, bits), 1, _combine)
+        # the interpreter runs a custom combine per element in Python: four vectorised reductions there
+        return tl.sum(on, 1), tl.sum(dp, 1), tl.sum(dp * dp, 1), tl.min(bits, 1)
 
     @triton.jit
-    def _combine(k1, a1, b1, m1, w1, k2, a2, b2, m2, w2):
-        return k1 + k2, a1 + a2, b1 + b2, tl.minimum(m1, m2), tl.minimum(w1, w2)
+    def _combine(k1, a1, b1, m1, k2, a2, b2, m2):
+        return k1 + k2, a1 + a2, b1 + b2, tl.minimum(m1, m2)
 
     @triton.jit
     def _gauss_root(k, s1, s2, t):
@@ -125,7 +124,9 @@ if triton is not None:
         monotonically (a finite number of supports). No real root (S far too big): a Newton step from below on
         ||d_+|| - 1. Sparsemax: u is Michelot's step, always from below. Sum of g =
         dp/dz at tau (up to the row constant): sum_S (d - u) (entmax-1.5: g = sqrt(p) = z - tau) or |S|
-        (sparsemax), for the backward's Og without another pass."""
+        (sparsemax), for the backward's Og without another pass. And the next pass's sgn: -1 (its t lies above
+        tau, so the nearest key below t decides) after a root from a superset (sum_S d^2 >= 1 at t: t <= tau),
+        else +1 (a root from a subset, a Newton step, Michelot's step: from below)."""
         k = k.to(tl.float32)
         if ENTMAX:
             disc = s1 * s1 - k * (s2 - 1.0)
@@ -140,116 +141,120 @@ if triton is not None:
         exact = has & (u < mn) & ((u >= -below) | (u >= -EPS))
         if ENTMAX:
             g_sum = s1 - k * step
+            side = tl.where(has & (s2 >= 1.0), -1.0, 1.0)
         else:
             g_sum = k
-        return exact, t + step, nxt, g_sum
+            side = t * 0 + 1.0
+        return exact, t + step, nxt, g_sum, side
 
     @triton.jit
-    def _distances(nb, nw):
-        """(min d over S, distance below t to the nearest key outside S) from _support_sums' bit patterns; +inf
-        where no key lies outside S."""
-        below = tl.where(nw >= 0x80000000, float("inf"), nw.to(tl.float32, bitcast=True))
-        return -(nb.to(tl.float32, bitcast=True)), below
-
-    @triton.jit
-    def _row_sums(z_a, z_b, t, q, K, k_off, s_kn, m, last, stop, coef, zc, BLOCK_N: tl.constexpr,
+    def _row_sums(z_a, z_b, t, sgn, q, K, k_off, s_kn, m, last, stop, coef, zc, BLOCK_N: tl.constexpr,
                   LAST_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr,
                   SINGLE: tl.constexpr, TWO: tl.constexpr, FUSED: tl.constexpr):
-        """_support_sums over the whole row: the register tiles z_a (and z_b with TWO), or (not SINGLE) z
-        recomputed block by block: the blocks before ``stop`` in a loop, then the last one, masked (``last``,
-        ``stop``: see _fwd_kernel)."""
+        """_support_sums over the whole row (the register tiles z_a, and z_b with TWO, or z recomputed block by
+        block: the blocks before ``stop`` in a loop, then the last one, masked; ``last``, ``stop``: see
+        _fwd_kernel) as |S|, sum d, sum d^2, min d over S and the distance from t down to the nearest key outside
+        S; only sgn's side is measured, the other is taken as EPS (min d: a root up to EPS above t is t, as _update
+        takes one down to EPS below t) or 0. Below t (sgn -1) the keys equal to t count in S, with d = 0: they
+        are in the support of any root u < 0."""
         if SINGLE:
-            k, s1, s2, nb, nw = _support_sums(z_a, t, FUSED)
+            k, s1, s2, nb = _support_sums(z_a, t, sgn, FUSED)
+            slots = BLOCK_N
             if TWO:
-                k, s1, s2, nb, nw = _combine(k, s1, s2, nb, nw, *_support_sums(z_b, t, FUSED))
+                k, s1, s2, nb = _combine(k, s1, s2, nb, *_support_sums(z_b, t, sgn, FUSED))
+                slots = 2 * BLOCK_N
         else:
             zi = (t * 0).to(tl.int32)
-            k, s1, s2, nb, nw = zi, t * 0, t * 0, zi + 2147483647, (zi - 1).to(tl.uint32, bitcast=True)
+            k, s1, s2, nb = zi, t * 0, t * 0, zi + 2147483647
             for start in range(0, stop, BLOCK_N):
-                k, s1, s2, nb, nw = _combine(k, s1, s2, nb, nw, *_support_sums(
+                k, s1, s2, nb = _combine(k, s1, s2, nb, *_support_sums(
                     _z_block(q, K, k_off, s_kn, start, m, coef, zc, BLOCK_N, BLOCK_D, D, PREC, PREC == "ieee"),
-                    t, FUSED))
+                    t, sgn, FUSED))
+            slots = (stop + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # key columns summed, padded ones too
             if PREC != "ieee":
-                k, s1, s2, nb, nw = _combine(k, s1, s2, nb, nw, *_support_sums(
-                    _z_block(q, K, k_off, s_kn, last, m, coef, zc, LAST_N, BLOCK_D, D, PREC, True), t, FUSED))
-        mn, below = _distances(nb, nw)
-        return k, s1, s2, mn, below
+                k, s1, s2, nb = _combine(k, s1, s2, nb, *_support_sums(
+                    _z_block(q, K, k_off, s_kn, last, m, coef, zc, LAST_N, BLOCK_D, D, PREC, True), t, sgn, FUSED))
+                slots = stop + LAST_N
+        dist = tl.where(k > 0, -(nb.to(tl.float32, bitcast=True)), float("inf"))  # k: that side's keys
+        above = sgn > 0
+        return tl.where(above, k, slots - k), s1, s2, tl.where(above, dist, EPS), tl.where(above, 0.0, dist)
 
     @triton.jit
     def _superset_sums(s, ref_c, smax, coef, MASK: tl.constexpr):
-        """Of one key block, y = coef s - ref_c: |S'|, sum y, sum y^2 and min y over S' = {s > smax - 1/coef};
-        sum y and sum y^2 over every key (MASK: leaving out the padded ones, s = -inf)."""
+        """Of one key block, y = coef s - ref_c: |S'|, sum y and sum y^2 over S' = {s > smax - 1/coef}, and over
+        every key (MASK: leaving out the padded ones, s = -inf)."""
         y = s * coef - ref_c[:, None]
         on = y > (smax * coef - ref_c - 1.0)[:, None]
         yp = tl.where(on, y, 0.0)
         ya = y
         if MASK:
             ya = tl.where(y > float("-inf"), y, 0.0)
-        return (tl.sum(on.to(tl.int32), 1), tl.sum(yp, 1), tl.sum(yp * yp, 1),
-                tl.min(tl.where(on, y, float("inf")), 1), tl.sum(ya, 1), tl.sum(ya * ya, 1))
+        return tl.sum(on.to(tl.int32), 1), tl.sum(yp, 1), tl.sum(yp * yp, 1), tl.sum(ya, 1), tl.sum(ya * ya, 1)
 
     @triton.jit
-    def _superset_step(s, ref_c, smax, coef, k, sy, syy, ymin, ay, ayy, MASK: tl.constexpr):
+    def _superset_step(s, ref_c, smax, coef, k, sy, syy, ay, ayy, MASK: tl.constexpr):
         """The running max and the first pass's sums after one more key block of scores s."""
         smax = tl.maximum(smax, tl.max(s, 1))
-        a, b, c, d, e, f = _superset_sums(s, ref_c, smax, coef, MASK)
-        return smax, k + a, sy + b, syy + c, tl.minimum(ymin, d), ay + e, ayy + f
+        a, b, c, d, e = _superset_sums(s, ref_c, smax, coef, MASK)
+        return smax, k + a, sy + b, syy + c, ay + d, ayy + e
 
     @triton.jit
     def _first_pass(q, K, k_off, s_kn, m, last, stop, coef, zero, BLOCK_N: tl.constexpr, LAST_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, D: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr):
-        """(coef * row max of s, a first t, settled, tau) in one sweep of q k^T over the key blocks of a block-wise
-        row: with the row max, the closed form on S' = the keys above the running max minus 1/coef when their
-        block was read (in z: above -1 then). The running max only grows, so S' holds {z > -1}, hence the
-        support: the root bounds tau from above (entmax-1.5; sparsemax: Michelot's step, from below), and is tau
-        (the row settled in this pass) when S' is the level set {z > -1} (its min z > -1: the max was in the
-        first block, or no key crossed) and the root passes _update's test. Entmax-1.5 starts from the normal
-        model of every key (_gauss_root), kept below that root. (Not above the Newton step where there is no
-        real root: keys of S' below -1 enter its sums with d < 0, so that step may overshoot.) Sums are of y = coef (s - ref), ref = the first block's max, shifted to
-        the final max at the end: their rounding only moves the starting point, clamped to [-1, 0)."""
+        """(coef * row max of s, a first t, its sgn) in one sweep of q k^T over the key blocks of a block-wise row:
+        with the row max, the closed form on S' = the keys above the running max minus 1/coef when their block was
+        read (in z: above -1 then). The running max only grows, so S' holds {z > -1}, hence the support, and the
+        root bounds tau from above (entmax-1.5; sparsemax: Michelot's step, from below). S' need not be a level
+        set (a max found in a later block leaves keys below -1 in it), so this sweep settles no row. Entmax-1.5
+        starts from the normal model of every key (_gauss_root), kept below that root (not above the Newton step
+        where there is no real root: keys of S' below -1 enter its sums with d < 0, so that step may overshoot).
+        Sums are of y = coef (s - ref), ref = the first block's max, shifted to the final max at the end: their
+        rounding only moves the starting point, clamped to [-1, 0)."""
         s = _scores(q, K, k_off, s_kn, 0, m, BLOCK_N, BLOCK_D, D, PREC, True)  # m may end in the first block
         smax = tl.max(s, 1)
         ref_c = smax * coef
-        k, sy, syy, ymin, ay, ayy = _superset_sums(s, ref_c, smax, coef, True)
+        k, sy, syy, ay, ayy = _superset_sums(s, ref_c, smax, coef, True)
         for start in range(BLOCK_N, stop, BLOCK_N):  # the blocks between the first and the last: unmasked
             s = _scores(q, K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, PREC, PREC == "ieee")
-            smax, k, sy, syy, ymin, ay, ayy = _superset_step(s, ref_c, smax, coef, k, sy, syy, ymin, ay, ayy,
-                                                             PREC == "ieee")
+            smax, k, sy, syy, ay, ayy = _superset_step(s, ref_c, smax, coef, k, sy, syy, ay, ayy, PREC == "ieee")
         if PREC != "ieee":
             if last > 0:
                 s_l = _scores(q, K, k_off, s_kn, last, m, LAST_N, BLOCK_D, D, PREC, True)  # (its own shape)
-                smax, k, sy, syy, ymin, ay, ayy = _superset_step(s_l, ref_c, smax, coef, k, sy, syy, ymin, ay,
-                                                                 ayy, True)
+                smax, k, sy, syy, ay, ayy = _superset_step(s_l, ref_c, smax, coef, k, sy, syy, ay, ayy, True)
         zc = smax * coef
         y0 = zc - ref_c - 1.0  # t = -1 in y; d = y - y0
         kf = k.to(tl.float32)
         s1 = sy - kf * y0
         s2 = syy - 2.0 * y0 * sy + kf * y0 * y0
-        exact, tau, nxt, _ = _update(zero - 1.0, k, s1, s2, ymin - y0, zero + float("inf"), ENTMAX)
-        if ENTMAX:
+        _, _, nxt, _, sgn = _update(zero - 1.0, k, s1, s2, zero, zero, ENTMAX)  # never exact: S' is no level set
+        if ENTMAX:  # sgn: -1 where the root (an upper bound) is kept, +1 where the normal model's start, unknown
             mf = zero + m
             g = _gauss_root(mf, ay - mf * y0, ayy - 2.0 * y0 * ay + mf * y0 * y0, zero - 1.0)
-            nxt = tl.where(s1 * s1 >= kf * (s2 - 1.0), tl.minimum(nxt, g), g)
-        return zc, tl.minimum(tl.maximum(nxt, -1.0), -1e-30), exact, tau
+            has = s1 * s1 >= kf * (s2 - 1.0)
+            sgn = tl.where(has & (nxt <= g), -1.0, 1.0)
+            nxt = tl.where(has, tl.minimum(nxt, g), g)
+        return zc, tl.minimum(tl.maximum(nxt, -1.0), -1e-30), sgn
 
     @triton.jit
-    def _threshold(z_a, z_b, t, done, tau, q, K, k_off, s_kn, m, last, stop, coef, zc, zero,
+    def _threshold(z_a, z_b, t, sgn, q, K, k_off, s_kn, m, last, stop, coef, zc, zero,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LAST_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    D: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr, TWO: tl.constexpr,
                    MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr, PASSES_BEFORE: tl.constexpr):
         """(tau, sum of g at tau, passes) per row, from t (-1 = zmax/2 - 1, as p <= 1, or _first_pass's, which
-        counts as PASSES_BEFORE = 1 pass and settled the rows ``done`` at ``tau``; ``bench.loop_trips`` runs this
-        loop the assumed passes minus that). The single path's first pass stays in the loop, without
+        counts as PASSES_BEFORE = 1 pass; ``bench.loop_trips`` runs this loop the assumed passes minus that) and
+        sgn (the side of tau t lies on, see _update). The single path's first pass stays in the loop, without
         _gauss_root: peeled to take it, that forward spilled (16 B at N = 197, bf16) and cost more than the
         passes it saved."""
+        tau = zero
         g_sum = zero
-        passes = done.to(tl.int32) * PASSES_BEFORE
+        done = zero > 1
+        passes = tl.zeros([BLOCK_M], dtype=tl.int32)
         it = tl.full([], PASSES_BEFORE, tl.int32)  # loop-carried: Triton values, not Python ints
-        left = tl.sum((~done).to(tl.int32), 0)
+        left = tl.full([], BLOCK_M, tl.int32)
         while left > 0:
-            k, s1, s2, mn, below = _row_sums(z_a, z_b, t, q, K, k_off, s_kn, m, last, stop, coef, zc, BLOCK_N,
-                                             LAST_N, BLOCK_D, D, PREC, SINGLE, TWO, FUSED)
-            exact, cand, nxt, gs = _update(t, k, s1, s2, mn, below, ENTMAX)
+            k, s1, s2, mn, below = _row_sums(z_a, z_b, t, sgn, q, K, k_off, s_kn, m, last, stop, coef, zc,
+                                             BLOCK_N, LAST_N, BLOCK_D, D, PREC, SINGLE, TWO, FUSED)
+            exact, cand, nxt, gs, sgn = _update(t, k, s1, s2, mn, below, ENTMAX)
             it += 1
             passes = tl.where(done, passes, it)
             fin = ~done & (exact | (it >= MAX_PASSES))  # out of passes (never seen): the last root
@@ -331,13 +336,12 @@ if triton is not None:
             z_b = z_a
             if TWO:
                 z_b = s_b * coef - zc[:, None]
-            t = zero - 1.0
-            done, tau = zero > 1, zero
+            t, sgn = zero - 1.0, zero + 1.0
         else:  # the row max and a first threshold pass in one sweep
-            zc, t, done, tau = _first_pass(q, K, k_off, sk_n, m, last, stop, coef, zero, BLOCK_N, LAST_N, BLOCK_D,
+            zc, t, sgn = _first_pass(q, K, k_off, sk_n, m, last, stop, coef, zero, BLOCK_N, LAST_N, BLOCK_D,
                                            D, ENTMAX, PREC)
             z_a, z_b = zc, zc
-        tau, g_sum, passes = _threshold(z_a, z_b, t, done, tau, q, K, k_off, sk_n, m, last, stop, coef, zc, zero,
+        tau, g_sum, passes = _threshold(z_a, z_b, t, sgn, q, K, k_off, sk_n, m, last, stop, coef, zc, zero,
                                         BLOCK_M, BLOCK_N, LAST_N, BLOCK_D, D, ENTMAX, SINGLE, TWO, MAX_PASSES, PREC,
                                         FUSED, 0 if SINGLE else 1)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)

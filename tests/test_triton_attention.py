@@ -181,10 +181,10 @@ def test_edge_rows_match_entmax(kind, case):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", ["entmax15", "sparsemax"])
 def test_block_wise_first_sweep_on_edge_rows(kind, tf32):
-    """The block-wise first sweep (tf32 plan, 84 keys: a 64-key block, then the last 32 wide) on rows it settles
-    alone (all scores equal: the superset is every key, a level set) and on one-hot rows whose max key sits in
-    the last block (the running max jumps there: the superset is no level set, and the start from the normal
-    model of every key has a near-zero variance to cope with)."""
+    """The block-wise first sweep (tf32 plan, 84 keys: a 64-key block, then the last 32 wide) and the passes
+    after it on all-equal rows (every key in the support, none below t for the two-sided test) and on one-hot
+    rows whose max key sits in the last block (the running max jumps there, leaving every key of the first
+    block in the superset; the normal model of every key has a near-zero variance to cope with)."""
     g = torch.Generator().manual_seed(19)
     eq = (torch.zeros(1, 1, 84, 8), torch.randn(1, 1, 84, 8, generator=g), torch.randn(1, 1, 84, 8, generator=g))
     k = torch.randn(1, 1, 84, 8, generator=g) * 0.01
