@@ -17,19 +17,19 @@ sm_90, docs/performance.md):
   row's scores stay in registers (from 129 keys as two 128-key tiles): q k^T once, then register arithmetic
   only. Longer rows recompute q k^T per pass, block by block (the last block only as wide as its keys need);
   their first sweep finds the row max and a first threshold together (``_first_pass``: the closed form on
-  the keys above the running max - 1, exact when that is a level set, else a start from the normal model of
-  every key's score).
+  the keys above the running max - 1, or lower, the root of a normal model of every key's score).
   1. row max of s = q k^T (padded keys: -inf as the product's initial accumulator); z = c s - c max in one
      FMA, c = scale/2 (entmax-1.5) or scale (sparsemax): z <= 0, and tau lies in [-1, 0) as p <= 1;
-  2. tau from t = -1: each pass sums |S|, sum d, sum d^2 over S = {z > t}, d = z - t, with min d over S and
-     the distance from t down to the nearest key outside S, and solves the closed form on S (the quadratic
-     sum (d - u)^2 = 1; sparsemax: sum (d - u) = 1); the root is tau exactly when -below <= u < min d (S is
-     then its support, whichever side of tau t was). Otherwise the next pass starts from that root, which lies
-     on the other side of tau (entmax-1.5) or below it (sparsemax, Michelot's step). No fixed iteration
-     count, no approximate tau; ``threshold_passes`` reports the passes per row (``bench.threshold_passes``
-     per 64-row program on real logits). Per score a pass is two adds (t - z, and max(z - t, 0) as one
-     saturating add: d <= 1), an add and an FMA for the sums, and three integer ops on t - z's bits (|S| from
-     its sign bit, min d and the distance below as an int32 and a uint32 min);
+  2. tau from t = -1: each pass sums |S|, sum d, sum d^2 over S = {z > t}, d = z - t, and solves the closed
+     form on S (the quadratic sum (d - u)^2 = 1; sparsemax: sum (d - u) = 1); the root is tau exactly when no
+     key lies between t and t + u (S is then its support). Which side of tau t lies on is known from the pass
+     before (a root from a superset lies above tau), so each pass measures the nearest key on that side only:
+     min d over S, or the distance from t down to the nearest key outside S. Otherwise the next pass starts
+     from that root, which lies on the other side of tau (entmax-1.5) or below it (sparsemax, Michelot's
+     step). No fixed iteration count, no approximate tau; ``threshold_passes`` reports the passes per row
+     (``bench.threshold_passes`` per 64-row program on real logits). Per score a pass is an FMA (sgn (t - z))
+     and a saturating add (max(z - t, 0): d <= 1), an add and an FMA for the sums, and two integer ops on the
+     FMA's bits (the side's count from its sign bit, the nearest key as an integer min);
   3. O = sum p v, written as (B, N, H, dv) (the layer's transpose back is free); only when a gradient is
      needed also Og = sum g v / sum g (g = dp/dz up to a row constant) for the backward's delta: p and g from
      one d = (z - tau)_+ per tile, sum g from the last pass's sums (no extra pass).
