@@ -142,8 +142,8 @@ def _plan(n: int, m: int, dtype: torch.dtype, d: int, dv: int, bh: int, entmax: 
     (``deterministic``) the two atomic-free kernels."""
     prec = _prec(dtype)
     cfg = _blocks(m, dtype, prec, need_grad, arch)
-    if single is not None:  # threshold_passes: the path of another dtype's forward, on fp32 scores
-        cfg.update(single=single, block_n=max(16, triton.next_power_of_2(m)) if single else cfg["block_n"])
+    if single is not None:  # threshold_passes: the 16-bit forward's path and key blocks, on exact fp32 scores
+        cfg.update(single=single, block_n=max(16, triton.next_power_of_2(m)) if single else 64)
     meta = dict(D=d, DV=dv, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
                 ENTMAX=entmax, PREC=prec)
     cdiv = triton.cdiv
@@ -339,8 +339,9 @@ def _four_d(x: Tensor) -> Tensor:
 def threshold_passes(scores: Tensor, kind: str = "entmax15", single: bool | None = None) -> Tensor:
     """Per-row number of passes the forward kernel's threshold search takes on ``scores`` (..., N, M)
     (the kernel itself, run with fp32 exact products on q = scores, k = identity; CUDA or the interpreter).
-    ``single``: the path to count, the register tile of the 16-bit forward up to 256 keys (True; on a GPU it
-    spills in fp32, counts stay exact) or block-wise (False); default the path exact fp32 takes."""
+    ``single``: the path to count as the 16-bit forward takes it, the register tile up to 256 keys (True) or
+    block-wise in 64-key blocks (False; on a GPU both spill in exact fp32, the counts stay exact); default the
+    path and blocks exact fp32 takes."""
     if single and scores.shape[-1] > _SINGLE_MAX:
         raise ValueError(f"threshold_passes: the register-tile path holds at most {_SINGLE_MAX} keys, "
                          f"got {scores.shape[-1]}")
