@@ -95,9 +95,9 @@ if triton is not None:
     def _gauss_root(k, s1, s2, t):
         """tau of k normal scores with the mean and variance of the d = z - t given by their sums (k E[(x - tau)_+^2]
         = 1): Newton in a = (tau - mean) / sd from a = 0, 4 steps, on G(a) = (1 + a^2) Phi(-a) - a phi(a) (convex,
-        decreasing), Phi(-a) by Abramowitz & Stegun 26.2.17 (|error| < 7.5e-8; it shares phi's exponential). A
-        start for rows whose keys above t have no real closed-form root: near-uniform rows (a ViT at random
-        init), where the Newton step from below lands far from tau."""
+        decreasing), Phi(-a) by Abramowitz & Stegun 26.2.17 (|error| < 7.5e-8; it shares phi's exponential). The
+        block-wise first sweep's start (see _first_pass): on near-uniform rows (a ViT at random init) the closed
+        form on the running superset has no real root and a Newton step from below lands far from tau."""
         mean = s1 / k
         var = tl.maximum(s2 / k - mean * mean, 1e-20)
         r = 1.0 / (k * var)
@@ -243,8 +243,8 @@ if triton is not None:
         """(tau, sum of g at tau, passes) per row, from t (-1 = zmax/2 - 1, as p <= 1, or _first_pass's, which
         counts as PASSES_BEFORE = 1 pass; ``bench.loop_trips`` runs this loop the assumed passes minus that) and
         sgn (the side of tau t lies on, see _update). The single path's first pass stays in the loop, without
-        _gauss_root: peeled to take it, that forward spilled (16 B at N = 197, bf16) and cost more than the
-        passes it saved."""
+        _gauss_root: peeled to take it, that forward spilled (16-24 B at N = 197, bf16), and without the spill
+        it still cost more than the passes it saved (docs/performance.md)."""
         tau = zero
         g_sum = zero
         done = zero > 1

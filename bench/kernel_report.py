@@ -19,10 +19,11 @@ predicted entmax / flash time ratios for forward, backward and forward + backwar
 Counts are static SASS, one per instruction of the listing, multiplied by the trip counts of the loops around it
 (``bench.loop_trips``: ``for ... in range`` bounds evaluated with the launch's N and constexprs; ``while`` loops,
 the data-dependent threshold passes, run ``--passes`` times (or, with ``--passes-from``, the mean per 64-row
-program that ``bench.threshold_passes`` measured for that N, path and source); loops ptxas unrolled, trips / unroll; loops are the
-natural loops of the SASS control-flow graph, ``bench.sass_loops``). Both sides of every branch are counted (the
-all-zero-tile skips never skip). Table counts are per program (CTA) and per warp; the JSON also has the flat static
-counts. Launches whose name contains "bwd" are the backward; ``launch_plan(need_grad=False)`` is the forward.
+program that ``bench.threshold_passes`` measured for that N, path and source); loops ptxas unrolled, trips /
+unroll; loops are the natural loops of the SASS control-flow graph, ``bench.sass_loops``). Both sides of every
+branch are counted (the all-zero-tile skips never skip). Table counts are per program (CTA) and per warp; the JSON
+also has the flat static counts. Launches whose name contains "bwd" are the backward; ``launch_plan(need_grad=False)``
+is the forward.
 """
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ Counts are the kernel's own (``backbones.triton_attention.threshold_passes``: ex
 forward with COUNT), on the CUDA device or in the interpreter. Sources:
 
 - ``vit``: a ViT-S/16 entmax-1.5 at random init (seed 0) on a real ImageNet photo of the fixtures, resized so that
-  it has N tokens (96: 37, DINO's local crops; 224: 197; 256: 257; 448: 785; 512: 1025), layers 1, 6 and 11 (the 12th has only the [CLS] query), the
-  first ``--rows`` rows of heads 1 and 4: near-uniform rows, large supports;
+  it has N tokens (96: 37, DINO's local crops; 224: 197; 256: 257; 448: 785; 512: 1025), layers 1, 6 and 11 (the
+  12th has only the [CLS] query), the first ``--rows`` rows of heads 1 and 4: near-uniform rows, large supports;
 - ``gauss-1``, ``gauss-3``, ``gauss-6``: rows of N scaled scores ~ N(0, sigma^2) (3: the spread of a trained
   model's logits, the kernel tests' "peaked" rows).
 
@@ -39,9 +39,9 @@ def vit_logits(photo: Path, size: int, layers=(0, 5, 10), heads=(0, 3), rows: in
     from PIL import Image
 
     from backbones import create_vit
-    x = torch.from_numpy(np.asarray(Image.open(photo).convert("RGB").resize((size, size))).copy())
-    x = x.permute(2, 0, 1).float()[None] / 255
-    x = (x - torch.tensor([0.485, 0.456, 0.406])[:, None, None]) / torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    from datamodules.base import image_tensor
+    from datamodules.transforms import normalize
+    x = normalize(image_tensor(np.asarray(Image.open(photo).convert("RGB").resize((size, size)))))[None]
     model = create_vit("vit_small_patch16", "entmax15", seed=0, img_size=size).eval()
     caught = []
     for i in layers:

@@ -303,7 +303,7 @@ def test_threshold_passes_on_real_vit_logits(fixtures_root):
     program (which runs until its slowest row settles) in few: ViT-S/16 logits at random init on a real photo
     (near-uniform rows, large supports) and peaked rows (a trained model's spread), both forward paths. The
     counts are the kernel's own (``threshold_passes``). Here, before the two-sided test and the normal model's
-    start, the per-program means were 4.67 / 3.83 (register tile: ViT / peaked), 4.67 / 5.17 (block-wise);
+    start, the per-program means were 4.67 / 3.83 (register tile: ViT / peaked), 4.67 / 5.0 (block-wise);
     now 4.0 / 3.0 and 3.33 / 4.0 (sparsemax, Michelot's steps from below, unchanged: 3.17)."""
     from bench.threshold_passes import gauss_logits, histogram, vit_logits
     photo = sorted((fixtures_root / "imagenet_samples").glob("*.JPEG"))[0]
