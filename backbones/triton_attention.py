@@ -29,7 +29,10 @@ sm_90, docs/performance.md):
      step). No fixed iteration count, no approximate tau; ``threshold_passes`` reports the passes per row
      (``bench.threshold_passes`` per 64-row program on real logits). Per score a pass is an FMA (sgn (t - z))
      and a saturating add (max(z - t, 0): d <= 1), an add and an FMA for the sums, and two integer ops on the
-     FMA's bits (the side's count from its sign bit, the nearest key as an integer min);
+     FMA's bits (the side's count from its sign bit, the nearest key as an integer min). Block-wise rows
+     never form z: both FMAs take the raw score against w = c max + t (t snapped to w's rounding), so a
+     recomputed block costs no extra op (16-bit and tf32; exact fp32 forms z first: w would round t to c max's
+     ulp);
   3. O = sum p v, written as (B, N, H, dv) (the layer's transpose back is free); only when a gradient is
      needed also Og = sum g v / sum g (g = dp/dz up to a row constant) for the backward's delta: p and g from
      one d = (z - tau)_+ per tile, sum g from the last pass's sums (no extra pass).

@@ -66,20 +66,16 @@ if triton is not None:
         return _dot(q, tl.trans(k), PREC)
 
     @triton.jit
-    def _z_block(q, K, k_off, s_kn, start, m, coef, zc, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                 D: tl.constexpr, PREC: tl.constexpr, MASK: tl.constexpr):
-        """z = coef s - zmax for one key block of a block-wise row (q k^T recomputed; MASK: see _scores)."""
-        return _scores(q, K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, PREC, MASK) * coef - zc[:, None]
-
-    @triton.jit
-    def _support_sums(z, t, sgn, FUSED: tl.constexpr):
-        """Per row: sum and sum of squares of d = z - t over S = {z > t}; and on the side of t that sgn picks
-        (+1: above, S; -1: below) the count of keys strictly there and the nearest one's distance, as the int32
-        bit pattern of minus it. nd = sgn (t - z) is one FFMA; its sign bit marks that side's keys, and as int32
-        the negative nd order by magnitude below every non-negative one: one integer min, no select. Padded
-        keys (z = -inf) are infinitely far below."""
-        nd = (t * sgn)[:, None] - z * sgn[:, None]
-        dp = tl.clamp(z - t[:, None], 0.0, 1.0)  # = max(d, 0) as z <= 0 <= t + 1: one saturating add
+    def _support_sums(x, a, w, sgn, FUSED: tl.constexpr):
+        """Per row: sum and sum of squares of d = a x - w over S = {d > 0} (register tiles: x = z, a = 1, w = t;
+        block-wise: x = the raw scores s, a = coef, w = zmax + t, so z is never formed: one FFMA per score fewer);
+        and on the side of t that sgn picks (+1: above, S; -1: below) the count of keys strictly there and the
+        nearest one's distance, as the int32 bit pattern of minus it. nd = sgn (w - a x) is one FFMA, exactly
+        -sgn d (one rounding, symmetric), so its sign agrees with d's; its sign bit marks that side's keys, and
+        as int32 the negative nd order by magnitude below every non-negative one: one integer min, no select.
+        Padded keys (x = -inf) are infinitely far below."""
+        nd = (w * sgn)[:, None] - x * (a * sgn)[:, None]
+        dp = tl.clamp(x * a - w[:, None], 0.0, 1.0)  # = max(d, 0) as d <= -t <= 1: one saturating FFMA / FADD
         bits = nd.to(tl.int32, bitcast=True)
         on = (bits.to(tl.uint32, bitcast=True) >> 31).to(tl.int32)  # nd < 0 (nd is never -0)
         if FUSED:  # one reduction over four inputs: each score's terms are consumed at once (no spill)
@@ -148,6 +144,29 @@ if triton is not None:
         return exact, t + step, nxt, g_sum, side
 
     @triton.jit
+    def _fold(zc, t, PREC: tl.constexpr):
+        """(w, the threshold t it stands for) of a block-wise pass at t (see _support_sums: d = coef s - w).
+        16-bit and tf32: w = zmax + t, so z is never formed (one FFMA per score fewer), and t snaps to w's
+        rounding: exact (Sterbenz) where |zmax| >= 2, else within an ulp of t; zmax's ulp is far below the
+        products' own rounding there. w stays below zmax: a threshold within rounding of it would drop the max
+        key from S. Exact fp32 ("ieee"): w = t on z = coef s - zmax formed first, an FMA exact at any logit size
+        (zmax + t would round t to zmax's ulp: 5e-4 at |s| ~ 1e4)."""
+        if PREC == "ieee":
+            return t, t
+        w = tl.minimum(zc + t, zc - (tl.abs(zc) * 2.4e-7 + 1e-30))
+        return w, w - zc
+
+    @triton.jit
+    def _pass_scores(q, K, k_off, s_kn, start, m, coef, zc, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                     D: tl.constexpr, PREC: tl.constexpr, MASK: tl.constexpr):
+        """(x, a) of one key block of a block-wise row, d = a x - w (w: _fold): the raw scores and coef, or
+        exact fp32 z = coef s - zmax and 1 (q k^T recomputed; MASK: see _scores)."""
+        s = _scores(q, K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, PREC, MASK)
+        if PREC == "ieee":
+            return s * coef - zc[:, None], coef * 0 + 1.0
+        return s, coef
+
+    @triton.jit
     def _row_sums(z_a, z_b, t, sgn, q, K, k_off, s_kn, m, last, stop, coef, zc, BLOCK_N: tl.constexpr,
                   LAST_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr,
                   SINGLE: tl.constexpr, TWO: tl.constexpr, FUSED: tl.constexpr):
@@ -156,28 +175,28 @@ if triton is not None:
         _fwd_kernel) as |S|, sum d, sum d^2, min d over S and the distance from t down to the nearest key outside
         S; only sgn's side is measured, the other is taken as EPS (min d: a root up to EPS above t is t, as _update
         takes one down to EPS below t) or 0. Below t (sgn -1) the keys equal to t count in S, with d = 0: they
-        are in the support of any root u < 0."""
+        are in the support of any root u < 0. Last, the t these sums are at (block-wise: snapped, see _fold)."""
         if SINGLE:
-            k, s1, s2, nb = _support_sums(z_a, t, sgn, FUSED)
+            k, s1, s2, nb = _support_sums(z_a, 1.0, t, sgn, FUSED)
             slots = BLOCK_N
             if TWO:
-                k, s1, s2, nb = _combine(k, s1, s2, nb, *_support_sums(z_b, t, sgn, FUSED))
+                k, s1, s2, nb = _combine(k, s1, s2, nb, *_support_sums(z_b, 1.0, t, sgn, FUSED))
                 slots = 2 * BLOCK_N
         else:
             zi = (t * 0).to(tl.int32)
             k, s1, s2, nb = zi, t * 0, t * 0, zi + 2147483647
+            w, t = _fold(zc, t, PREC)
             for start in range(0, stop, BLOCK_N):
-                k, s1, s2, nb = _combine(k, s1, s2, nb, *_support_sums(
-                    _z_block(q, K, k_off, s_kn, start, m, coef, zc, BLOCK_N, BLOCK_D, D, PREC, PREC == "ieee"),
-                    t, sgn, FUSED))
+                x, a = _pass_scores(q, K, k_off, s_kn, start, m, coef, zc, BLOCK_N, BLOCK_D, D, PREC, PREC == "ieee")
+                k, s1, s2, nb = _combine(k, s1, s2, nb, *_support_sums(x, a, w, sgn, FUSED))
             slots = (stop + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # key columns summed, padded ones too
             if PREC != "ieee":
-                k, s1, s2, nb = _combine(k, s1, s2, nb, *_support_sums(
-                    _z_block(q, K, k_off, s_kn, last, m, coef, zc, LAST_N, BLOCK_D, D, PREC, True), t, sgn, FUSED))
+                x, a = _pass_scores(q, K, k_off, s_kn, last, m, coef, zc, LAST_N, BLOCK_D, D, PREC, True)
+                k, s1, s2, nb = _combine(k, s1, s2, nb, *_support_sums(x, a, w, sgn, FUSED))
                 slots = stop + LAST_N
         dist = tl.where(k > 0, -(nb.to(tl.float32, bitcast=True)), float("inf"))  # k: that side's keys
         above = sgn > 0
-        return tl.where(above, k, slots - k), s1, s2, tl.where(above, dist, EPS), tl.where(above, 0.0, dist)
+        return tl.where(above, k, slots - k), s1, s2, tl.where(above, dist, EPS), tl.where(above, 0.0, dist), t
 
     @triton.jit
     def _superset_sums(s, ref_c, smax, coef, MASK: tl.constexpr):
@@ -252,8 +271,8 @@ if triton is not None:
         it = tl.full([], PASSES_BEFORE, tl.int32)  # loop-carried: Triton values, not Python ints
         left = tl.full([], BLOCK_M, tl.int32)
         while left > 0:
-            k, s1, s2, mn, below = _row_sums(z_a, z_b, t, sgn, q, K, k_off, s_kn, m, last, stop, coef, zc,
-                                             BLOCK_N, LAST_N, BLOCK_D, D, PREC, SINGLE, TWO, FUSED)
+            k, s1, s2, mn, below, t = _row_sums(z_a, z_b, t, sgn, q, K, k_off, s_kn, m, last, stop, coef, zc,
+                                                BLOCK_N, LAST_N, BLOCK_D, D, PREC, SINGLE, TWO, FUSED)
             exact, cand, nxt, gs, sgn = _update(t, k, s1, s2, mn, below, ENTMAX)
             it += 1
             passes = tl.where(done, passes, it)
@@ -267,19 +286,20 @@ if triton is not None:
         return tau, g_sum, passes
 
     @triton.jit
-    def _p_g(z, tau, ENTMAX: tl.constexpr):
-        """p and g = dp/dz up to a row constant: sqrt(p) for entmax-1.5, [p > 0] for sparsemax."""
-        d = tl.clamp(z - tau[:, None], 0.0, 1.0)  # = max(z - tau, 0) as z <= 0 and tau >= -1: a saturating add
+    def _p_g(x, a, w, ENTMAX: tl.constexpr):
+        """p and g = dp/dz up to a row constant (sqrt(p) for entmax-1.5, [p > 0] for sparsemax) from d = a x - w
+        (x = z, a = 1, w = tau; or x = the raw s, a = coef, w = zmax + tau: see _support_sums)."""
+        d = tl.clamp(x * a - w[:, None], 0.0, 1.0)  # = max(z - tau, 0) as z <= 0 and tau >= -1: saturating
         if ENTMAX:
             return d * d, d
         return d, (d > 0).to(tl.float32)
 
     @triton.jit
-    def _add_values(z, tau, v, acc, acc_g, g_sum, NEED_OG: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr,
-                    G_SUM: tl.constexpr):
-        """acc += p v and (NEED_OG) acc_g += g v for one key tile, p and g from one d = (z - tau)_+ in v's dtype
-        (via fp32: the interpreter cannot cast bool to bf16); with G_SUM also g_sum += sum of g."""
-        p, g = _p_g(z, tau, ENTMAX)
+    def _add_values(x, a, w, v, acc, acc_g, g_sum, NEED_OG: tl.constexpr, ENTMAX: tl.constexpr,
+                    PREC: tl.constexpr, G_SUM: tl.constexpr):
+        """acc += p v and (NEED_OG) acc_g += g v for one key tile, p and g from one d = a x - w (see _p_g) in v's
+        dtype (via fp32: the interpreter cannot cast bool to bf16); with G_SUM also g_sum += sum of g."""
+        p, g = _p_g(x, a, w, ENTMAX)
         acc += _dot(p.to(v.dtype), v, PREC)
         if NEED_OG:
             acc_g += _dot(g.to(v.dtype), v, PREC)
@@ -288,15 +308,15 @@ if triton is not None:
         return acc, acc_g, g_sum
 
     @triton.jit
-    def _block_values(q, K, V, k_off, sk_n, v_off, sv_n, start, m, coef, zc, tau, acc, acc_g, g_sum,
+    def _block_values(q, K, V, k_off, sk_n, v_off, sv_n, start, m, coef, zc, w, acc, acc_g, g_sum,
                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, D: tl.constexpr,
                       DV: tl.constexpr, NEED_OG: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr,
                       MASK: tl.constexpr):
-        """_add_values for one key block of a block-wise row (q k^T recomputed), skipped when it lies outside
-        every row's support."""
-        z = _z_block(q, K, k_off, sk_n, start, m, coef, zc, BLOCK_N, BLOCK_D, D, PREC, MASK)
-        if tl.max(tl.max(z, 1) - tau, 0) > 0:  # sparse: a tile outside every row's support adds nothing
-            acc, acc_g, g_sum = _add_values(z, tau, _block(V, v_off, sv_n, start, m, BLOCK_N, BLOCK_DV, DV, MASK),
+        """_add_values for one key block of a block-wise row (q k^T recomputed; d = a x - w: _pass_scores, _fold),
+        skipped when it lies outside every row's support (the test is d of each row's largest x, rounded as d)."""
+        x, a = _pass_scores(q, K, k_off, sk_n, start, m, coef, zc, BLOCK_N, BLOCK_D, D, PREC, MASK)
+        if tl.max(tl.max(x, 1) * a - w, 0) > 0:  # sparse: a tile outside every row's support adds nothing
+            acc, acc_g, g_sum = _add_values(x, a, w, _block(V, v_off, sv_n, start, m, BLOCK_N, BLOCK_DV, DV, MASK),
                                             acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC, True)
         return acc, acc_g, g_sum
 
@@ -347,18 +367,19 @@ if triton is not None:
         acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
         acc_g = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
         if SINGLE:  # g_sum: from the threshold's last pass
-            acc, acc_g, g_sum = _add_values(z_a, tau, _rows(V, v_off, sv_n, 0, m, BLOCK_N, BLOCK_DV, DV), acc, acc_g,
-                                            g_sum, NEED_OG, ENTMAX, PREC, False)
+            acc, acc_g, g_sum = _add_values(z_a, 1.0, tau, _rows(V, v_off, sv_n, 0, m, BLOCK_N, BLOCK_DV, DV), acc,
+                                            acc_g, g_sum, NEED_OG, ENTMAX, PREC, False)
             if TWO:
-                acc, acc_g, g_sum = _add_values(z_b, tau, _rows(V, v_off, sv_n, BLOCK_N, m, BLOCK_N, BLOCK_DV, DV),
-                                                acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC, False)
+                v_b = _rows(V, v_off, sv_n, BLOCK_N, m, BLOCK_N, BLOCK_DV, DV)
+                acc, acc_g, g_sum = _add_values(z_b, 1.0, tau, v_b, acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC, False)
         else:  # the blocks before the last unmasked, then the last
+            w, tau = _fold(zc, tau, PREC)  # tau: the threshold these blocks use, as each pass's, for the backward
             for start in range(0, stop, BLOCK_N):
-                acc, acc_g, g_sum = _block_values(q, K, V, k_off, sk_n, v_off, sv_n, start, m, coef, zc, tau, acc,
+                acc, acc_g, g_sum = _block_values(q, K, V, k_off, sk_n, v_off, sv_n, start, m, coef, zc, w, acc,
                                                   acc_g, g_sum, BLOCK_N, BLOCK_D, BLOCK_DV, D, DV, NEED_OG, ENTMAX,
                                                   PREC, PREC == "ieee")
             if PREC != "ieee":
-                acc, acc_g, g_sum = _block_values(q, K, V, k_off, sk_n, v_off, sv_n, last, m, coef, zc, tau, acc,
+                acc, acc_g, g_sum = _block_values(q, K, V, k_off, sk_n, v_off, sv_n, last, m, coef, zc, w, acc,
                                                   acc_g, g_sum, LAST_N, BLOCK_D, BLOCK_DV, D, DV, NEED_OG, ENTMAX,
                                                   PREC, True)
         offs_m = start_m + tl.arange(0, BLOCK_M)

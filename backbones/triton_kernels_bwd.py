@@ -61,7 +61,7 @@ if triton is not None:
         for start_m in range(0, n, BLOCK_M):
             q, do, zmax, tau, delta = _bwd_rows(Q, DO, OG, STATS, b, h, bh, start_m, n, heads, sq_b, sq_h, sq_n,
                                                 sd_b, sd_h, sd_n, D, DV, BLOCK_M, BLOCK_D, BLOCK_DV)
-            p, g = _p_g(_z_tile(q, k, start_n, m, coef, zmax, BLOCK_N, PREC), tau, ENTMAX)
+            p, g = _p_g(_z_tile(q, k, start_n, m, coef, zmax, BLOCK_N, PREC), 1.0, tau, ENTMAX)
             if tl.max(tl.max(g, 1), 0) > 0:  # all-zero tile: no dV, and ds = g * (...) = 0
                 dv += _dot(tl.trans(p.to(do.dtype)), do, PREC)
                 ds = g * (_dot(do, tl.trans(v), PREC) - delta[:, None])
@@ -96,7 +96,7 @@ if triton is not None:
         for start_n in range(0, m, BLOCK_N):
             k = _rows(K, b * sk_b + h * sk_h, sk_n, start_n, m, BLOCK_N, BLOCK_D, D)
             v = _rows(V, b * sv_b + h * sv_h, sv_n, start_n, m, BLOCK_N, BLOCK_DV, DV)
-            _, g = _p_g(_z_tile(q, k, start_n, m, coef, zmax, BLOCK_N, PREC), tau, ENTMAX)
+            _, g = _p_g(_z_tile(q, k, start_n, m, coef, zmax, BLOCK_N, PREC), 1.0, tau, ENTMAX)
             if tl.max(tl.max(g, 1), 0) > 0:
                 ds = g * (_dot(do, tl.trans(v), PREC) - delta[:, None])
                 dq += _dot(ds.to(k.dtype), k, PREC)

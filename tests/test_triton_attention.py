@@ -162,9 +162,16 @@ def _scores_case(name, g):
         return q, q * 20, torch.randn(1, 1, 24, d, generator=g)
     if name == "all_equal":  # q = 0: every score equal, p uniform
         return torch.zeros(1, 1, 20, d), torch.randn(1, 1, 30, d, generator=g), torch.randn(1, 1, 30, d, generator=g)
-    # huge logits (|s| ~ 1e4) with near ties
-    return torch.randn(1, 1, 20, d, generator=g) * 40, torch.randn(1, 1, 30, d, generator=g) * 40, \
-        torch.randn(1, 1, 30, d, generator=g)
+    # huge logits (|s| ~ 1e4), and a near tie: query 0 is key 0, and key 1 is key 0 moved by 1/64 in one
+    # coordinate (a 2-key support). Entries are multiples of 1/64, so every score is a multiple of 1/256 below
+    # 2^16: exact in fp32 in any summation order. (With randn * 40 the fp32 dot's own rounding, ~5e-4 at 4096,
+    # set the error, and it depended on the host BLAS's kernel: OpenBLAS Haswell failed the 1e-4 bound where
+    # SkylakeX passed.)
+    q, k = ((torch.randn(1, 1, r, d, generator=g) * 160).round() / 4 for r in (20, 30))
+    k[..., 1, :] = k[..., 0, :]
+    k[..., 1, 0] += 1 / 64
+    q[..., 0, :] = k[..., 0, :]
+    return q, k, torch.randn(1, 1, 30, d, generator=g)
 
 
 @kernel
@@ -194,6 +201,26 @@ def test_block_wise_first_sweep_on_edge_rows(kind, tf32):
     for q, k, v in (eq, hot):
         errs, mags = _errors(kind, q, k, v, 1.0)
         assert all(e <= 1e-4 * max(1.0, mg) for e, mg in zip(errs, mags)), (errs, mags)
+
+
+@kernel
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["entmax15", "sparsemax"])
+def test_block_wise_passes_fold_the_max_on_large_logits(kind, tf32):
+    """Block-wise rows whose passes fold c max into the threshold, d = c s - (c max + t) (the tf32 plan, as the
+    16-bit ones: 150 keys = 2 blocks of 64 + a 32-wide last one): peaked rows with scores up to ~2e3, c max up
+    to ~250, whose ulp bounds tau's resolution there; dyadic q, k, so the scores are exact in fp32. Values and
+    gradients match entmax, and no row cycles (its passes stay far below MAX_PASSES): t snaps to the rounding
+    of c max + t, kept below c max (a t within rounding of 0 would drop the max key)."""
+    assert ta.launch_plan(40, torch.float32, m=150)[0].constexprs["LAST_N"] == 32
+    g = torch.Generator().manual_seed(31)
+    q, k = ((torch.randn(1, 2, r, 16, generator=g) * 48).round() / 4 for r in (40, 150))
+    v = torch.randn(1, 2, 150, 16, generator=g)
+    assert (q @ k.transpose(-2, -1)).abs().max() > 1000
+    errs, mags = _errors(kind, q, k, v, 0.25)
+    assert all(e <= 1e-4 * max(1.0, mg) for e, mg in zip(errs, mags)), (errs, mags)
+    passes = ta._forward(q, k, v, 0.25, kind == "entmax15", True, True)[3]
+    assert 1 <= passes.min() and passes.max() <= 8, passes
 
 
 @kernel
