@@ -109,6 +109,11 @@ if triton is not None:
         return t + mean + a * tl.sqrt(var)
 
     @triton.jit
+    def _disc(k, s1, s2):
+        """Entmax-1.5's closed form on S, |S| u^2 - 2 u sum d + sum d^2 = 1, has a real root iff this is >= 0."""
+        return s1 * s1 - k * (s2 - 1.0)
+
+    @triton.jit
     def _update(t, k, s1, s2, mn, below, ENTMAX: tl.constexpr):
         """One threshold step from the support sums at t (min d over S: mn; t minus the nearest z outside S:
         below): (exact, tau, next t, sum of g at tau).
@@ -125,7 +130,7 @@ if triton is not None:
         else +1 (a root from a subset, a Newton step, Michelot's step: from below)."""
         k = k.to(tl.float32)
         if ENTMAX:
-            disc = s1 * s1 - k * (s2 - 1.0)
+            disc = _disc(k, s1, s2)
             has = disc >= 0
             u = (s2 - 1.0) / (s1 + tl.sqrt(tl.maximum(disc, 0.0)))  # the smaller root, without cancellation
             nxt = tl.where(has, t + u, t + (s2 - tl.sqrt(s2)) / s1)
@@ -249,7 +254,7 @@ if triton is not None:
         if ENTMAX:  # sgn: -1 where the root (an upper bound) is kept, +1 where the normal model's start, unknown
             mf = zero + m
             g = _gauss_root(mf, ay - mf * y0, ayy - 2.0 * y0 * ay + mf * y0 * y0, zero - 1.0)
-            has = s1 * s1 >= kf * (s2 - 1.0)
+            has = _disc(kf, s1, s2) >= 0
             sgn = tl.where(has & (nxt <= g), -1.0, 1.0)
             nxt = tl.where(has, tl.minimum(nxt, g), g)
         return zc, tl.minimum(tl.maximum(nxt, -1.0), -1e-30), sgn

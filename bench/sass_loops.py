@@ -45,8 +45,8 @@ def _blocks(instrs: list[Instr]) -> tuple[list[tuple[int, int]], dict[int, list[
     return blocks, succ
 
 
-def _dominators(n: int, succ: dict[int, list[int]]) -> tuple[list[set], set]:
-    """Dominator sets of the blocks reachable from block 0, and that reachable set."""
+def _dominators(n: int, succ: dict[int, list[int]]) -> tuple[list[set], set, dict[int, list[int]]]:
+    """Dominator sets of the blocks reachable from block 0, that reachable set, and predecessors by block."""
     pred = {j: [] for j in range(n)}
     for a, bs in succ.items():
         for b in bs:
@@ -66,7 +66,7 @@ def _dominators(n: int, succ: dict[int, list[int]]) -> tuple[list[set], set]:
             new = {j} | set.intersection(*(dom[p] for p in pred[j] if p in reach))
             if new != dom[j]:
                 dom[j], changed = new, True
-    return dom, reach
+    return dom, reach, pred
 
 
 def find_loops(instrs: list[Instr]) -> list[dict]:
@@ -75,11 +75,7 @@ def find_loops(instrs: list[Instr]) -> list[dict]:
     if not instrs:
         return []
     blocks, succ = _blocks(instrs)
-    dom, reach = _dominators(len(blocks), succ)
-    pred = {j: [] for j in range(len(blocks))}
-    for a, bs in succ.items():
-        for b in bs:
-            pred[b].append(a)
+    dom, reach, pred = _dominators(len(blocks), succ)
     loops: dict[int, tuple[set, int]] = {}
     for a, bs in succ.items():
         for h in bs:
@@ -106,7 +102,7 @@ def unreachable(instrs: list[Instr]) -> set[int]:
     if not instrs:
         return set()
     blocks, succ = _blocks(instrs)
-    _, reach = _dominators(len(blocks), succ)
+    _, reach, _ = _dominators(len(blocks), succ)
     return {instrs[i].addr for j, (a, b) in enumerate(blocks) if j not in reach for i in range(a, b + 1)}
 
 
