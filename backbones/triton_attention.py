@@ -13,11 +13,12 @@ tf32 tensor cores when torch's float32 matmul precision allows them (as SDPA doe
 Kernels (``backbones/triton_kernels.py``, ``triton_kernels_bwd.py``; block sizes in ``_blocks``, measured for
 sm_90, docs/performance.md):
 - forward, one program per (64 query rows, batch*head), 4 warps each owning 16 whole rows (reductions stay in
-  the warp; products are wgmma). Up to 256 keys (ViT-S/16: 197, +4 registers: 201; DINO's local crops: 37) the
-  row's scores stay in registers (from 129 keys as two 128-key tiles): q k^T once, then register arithmetic
-  only. Longer rows recompute q k^T per pass, block by block (the last block only as wide as its keys need);
-  their first sweep finds the row max and a first threshold together (``_first_pass``: the closed form on
-  the keys above the running max - 1, or lower, the root of a normal model of every key's score).
+  the warp; products are wgmma). Up to 272 keys (ViT-S/16: 197, +4 registers: 201; at 256 px: 257; DINO's local
+  crops: 37) the row's scores stay in registers (from 129 keys as two 128-key tiles, from 257 with a third 16
+  wide): q k^T once, then register arithmetic only. Longer rows recompute q k^T per pass, block by block (the
+  last block only as wide as its keys need); their first sweep finds the row max and a first threshold
+  together (``_first_pass``: the closed form on the keys above the running max - 1, or lower, the root of a
+  normal model of every key's score).
   1. row max of s = q k^T (padded keys: -inf as the product's initial accumulator); z = c s - c max in one
      FMA, c = scale/2 (entmax-1.5) or scale (sparsemax): z <= 0, and tau lies in [-1, 0) as p <= 1;
   2. tau from t = -1: each pass sums |S|, sum d, sum d^2 over S = {z > t}, d = z - t, and solves the closed
@@ -66,7 +67,7 @@ __all__ = ["sparse_attention", "available", "interpreted", "launch_plan", "Kerne
 
 _MAX_PASSES = 64  # a row not settled by then (never seen) keeps the closed-form root on its last support
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_SINGLE_MAX = 256  # keys up to this count: the whole row in one register tile (q k^T once)
+_SINGLE_MAX = 272  # keys up to this count: the whole row in one register tile (q k^T once)
 _TYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
@@ -129,7 +130,8 @@ def _blocks(m: int, dtype: torch.dtype, prec: str, need_grad: bool, arch: int = 
         single = m <= 64
         return dict(single=single, block_m=64, block_n=p2 if single else 64, fwd_warps=4, bwd_m=64, bwd_n=64,
                     bwd_warps=8, fa2=(32, 64, 4, 1))
-    # one register tile (two halves) up to 256 keys on sm_90; these spilled, so they go block-wise from 129 keys:
+    # one register tile (two halves, and a 16-key third past 256) up to 272 keys on sm_90; these spilled, so they
+    # go block-wise from 129 keys:
     # fp16 inference (80 B; bf16 and fp16 training: none) and sm_80's mma.sync layout (16 B)
     single = m <= (_SINGLE_MAX if arch >= 90 and (dtype == torch.bfloat16 or need_grad) else 128)
     # 5-GEMM backward: 32 query rows per step x 64 keys (its products keep a 64-row wgmma side), 1 stage (2
@@ -145,15 +147,18 @@ def _plan(n: int, m: int, dtype: torch.dtype, d: int, dv: int, bh: int, entmax: 
     (``deterministic``) the two atomic-free kernels."""
     prec = _prec(dtype)
     cfg = _blocks(m, dtype, prec, need_grad, arch)
+    if cfg["single"] and m > 256 and dtype == torch.float16 and not entmax:  # its third tile spilled 4 B
+        cfg.update(single=False, block_n=64)
     if single is not None:  # threshold_passes: the 16-bit forward's path and key blocks, on exact fp32 scores
         cfg.update(single=single, block_n=max(16, triton.next_power_of_2(m)) if single else 64)
     meta = dict(D=d, DV=dv, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
                 ENTMAX=entmax, PREC=prec)
     cdiv = triton.cdiv
     two = cfg["single"] and cfg["block_n"] > 128  # one register tile in two halves (see _fwd_kernel)
-    block_n = cfg["block_n"] // 2 if two else cfg["block_n"]
-    # block-wise: the last key block only as wide as the keys it holds need (power of two, >= 16)
-    last_n = block_n if cfg["single"] else max(16, triton.next_power_of_2(m - (m - 1) // block_n * block_n))
+    block_n = 128 if two else cfg["block_n"]
+    # block-wise, and past two 128-key tiles: the last key block only as wide as its keys need (power of 2, >= 16)
+    last_n = block_n if cfg["single"] and m <= 2 * block_n else \
+        max(16, triton.next_power_of_2(m - (m - 1) // block_n * block_n))
     plan = [("fwd", tk._fwd_kernel, (cdiv(n, cfg["block_m"]), bh),
              dict(meta, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, LAST_N=last_n, SINGLE=cfg["single"], TWO=two,
                   NEED_OG=need_grad, COUNT=count, MAX_PASSES=_MAX_PASSES, FUSED=not interpreted()),
@@ -342,7 +347,7 @@ def _four_d(x: Tensor) -> Tensor:
 def threshold_passes(scores: Tensor, kind: str = "entmax15", single: bool | None = None) -> Tensor:
     """Per-row number of passes the forward kernel's threshold search takes on ``scores`` (..., N, M)
     (the kernel itself, run with fp32 exact products on q = scores, k = identity; CUDA or the interpreter).
-    ``single``: the path to count as the 16-bit forward takes it, the register tile up to 256 keys (True) or
+    ``single``: the path to count as the 16-bit forward takes it, the register tile up to 272 keys (True) or
     block-wise in 64-key blocks (False; on a GPU both spill in exact fp32, the counts stay exact); default the
     path and blocks exact fp32 takes."""
     if single and scores.shape[-1] > _SINGLE_MAX:

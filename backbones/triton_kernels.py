@@ -5,65 +5,20 @@ max z = 0 and p = (z - tau)_+^2 (entmax-1.5) or (z - tau)_+ (sparsemax), tau in 
 Tensors are upper case, sizes and strides lower case (``triton_attention._signature`` relies on it). q/k/v/dO
 rows are read through their strides (batch, head, row; the last dimension contiguous): no copies.
 
-The forward kernel and the helpers both directions share; the backward's kernels are in
-``backbones.triton_kernels_bwd``.
+The forward kernel and the helpers both directions share (tile loads and products below them:
+``backbones.triton_tiles``); the backward's kernels are in ``backbones.triton_kernels_bwd``.
 """
 from __future__ import annotations
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # no Triton: backbones.triton_attention.available() is False
-    triton = None
+from .triton_tiles import triton
 
 if triton is not None:
+    import triton.language as tl
+
+    from .triton_tiles import _block, _dot, _rows, _scores
+
     EPS = tl.constexpr(1e-6)  # a closed-form root this far below the pass's threshold is that threshold (fp32
     # rounding of u at the settled support)
-
-    @triton.jit
-    def _dot(a, b, PREC: tl.constexpr):
-        """a @ b, fp32 accumulation. PREC "upcast": in fp32 from bf16 operands (same products; the interpreter's
-        bf16 dot is wrong), "ieee": exact fp32, "tf32": tensor cores (16-bit operands: exact products)."""
-        if PREC == "upcast":
-            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-        return tl.dot(a, b, input_precision=PREC)
-
-    @triton.jit
-    def _dot_acc(a, b, acc, PREC: tl.constexpr):
-        """acc + a @ b (see _dot)."""
-        if PREC == "upcast":
-            return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-        return tl.dot(a, b, acc, input_precision=PREC)
-
-    @triton.jit
-    def _rows(X, off, s_n, start, n, R: tl.constexpr, C: tl.constexpr, c_real):
-        """Rows start..start+R of a (rows, c_real) matrix at X + off with row stride s_n; zeros outside."""
-        r = start + tl.arange(0, R)
-        c = tl.arange(0, C)
-        return tl.load(X + off + r[:, None] * s_n + c[None, :], mask=(r[:, None] < n) & (c[None, :] < c_real),
-                       other=0.0)
-
-    @triton.jit
-    def _block(X, off, s_n, start, n, R: tl.constexpr, C: tl.constexpr, c_real, MASK: tl.constexpr):
-        """_rows, or without MASK rows known to lie below n (a block before the last: no per-row compare)."""
-        if MASK:
-            return _rows(X, off, s_n, start, n, R, C, c_real)
-        r = start + tl.arange(0, R)
-        c = tl.arange(0, C)
-        if C == c_real:
-            return tl.load(X + off + r[:, None] * s_n + c[None, :])
-        return tl.load(X + off + r[:, None] * s_n + c[None, :], mask=c[None, :] < c_real, other=0.0)
-
-    @triton.jit
-    def _scores(q, K, k_off, s_kn, start, m, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr,
-                PREC: tl.constexpr, MASK: tl.constexpr):
-        """s = q k^T for keys start..start+BLOCK_N (raw, unscaled); with MASK keys past m get -inf (without,
-        the block must lie below m)."""
-        k = _block(K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, MASK)
-        if MASK:  # -inf as the product's initial accumulator: no per-score select
-            bias = tl.where(start + tl.arange(0, BLOCK_N) < m, 0.0, float("-inf"))
-            return _dot_acc(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], tl.float32) + bias[None, :], PREC)
-        return _dot(q, tl.trans(k), PREC)
 
     @triton.jit
     def _support_sums(x, a, w, sgn, FUSED: tl.constexpr):
@@ -150,12 +105,10 @@ if triton is not None:
 
     @triton.jit
     def _fold(zc, t, PREC: tl.constexpr):
-        """(w, the threshold t it stands for) of a block-wise pass at t (see _support_sums: d = coef s - w).
-        16-bit and tf32: w = zmax + t, so z is never formed (one FFMA per score fewer), and t snaps to w's
-        rounding: exact (Sterbenz) where |zmax| >= 2, else within an ulp of t; zmax's ulp is far below the
-        products' own rounding there. w stays below zmax: a threshold within rounding of it would drop the max
-        key from S. Exact fp32 ("ieee"): w = t on z = coef s - zmax formed first, an FMA exact at any logit size
-        (zmax + t would round t to zmax's ulp: 5e-4 at |s| ~ 1e4)."""
+        """(w, the t it stands for) of a block-wise pass at t, d = coef s - w. 16-bit and tf32: w = zmax + t (z is
+        never formed) below zmax (or the max key could leave S), t snapped to w's rounding (Sterbenz-exact where
+        |zmax| >= 2), zmax's ulp being far below the products' rounding. Exact fp32 forms z = coef s - zmax first
+        (w = t): zmax + t would round t to zmax's ulp (5e-4 at |s| ~ 1e4)."""
         if PREC == "ieee":
             return t, t
         w = tl.minimum(zc + t, zc - (tl.abs(zc) * 2.4e-7 + 1e-30))
@@ -172,7 +125,7 @@ if triton is not None:
         return s, coef
 
     @triton.jit
-    def _row_sums(z_a, z_b, t, sgn, q, K, k_off, s_kn, m, last, stop, coef, zc, BLOCK_N: tl.constexpr,
+    def _row_sums(z_a, z_b, z_c, t, sgn, q, K, k_off, s_kn, m, last, stop, coef, zc, BLOCK_N: tl.constexpr,
                   LAST_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr,
                   SINGLE: tl.constexpr, TWO: tl.constexpr, FUSED: tl.constexpr):
         """_support_sums over the whole row (the register tiles z_a, and z_b with TWO, or z recomputed block by
@@ -187,6 +140,9 @@ if triton is not None:
             if TWO:
                 k, s1, s2, nb = _combine(k, s1, s2, nb, *_support_sums(z_b, 1.0, t, sgn, FUSED))
                 slots = 2 * BLOCK_N
+                if LAST_N < BLOCK_N:  # a third, narrow tile: the keys past 2 BLOCK_N
+                    k, s1, s2, nb = _combine(k, s1, s2, nb, *_support_sums(z_c, 1.0, t, sgn, FUSED))
+                    slots = 2 * BLOCK_N + LAST_N
         else:
             zi = (t * 0).to(tl.int32)
             k, s1, s2, nb = zi, t * 0, t * 0, zi + 2147483647
@@ -232,8 +188,7 @@ if triton is not None:
         set (a max found in a later block leaves keys below -1 in it), so this sweep settles no row. Entmax-1.5
         starts from the normal model of every key (_gauss_root), kept below that root (not above the Newton step
         where there is no real root: keys of S' below -1 enter its sums with d < 0, so that step may overshoot).
-        Sums are of y = coef (s - ref), ref = the first block's max, shifted to the final max at the end: their
-        rounding only moves the starting point, clamped to [-1, 0)."""
+        Sums are of y = coef (s - ref), ref = the first block's max (shifted at the end; clamped to [-1, 0))."""
         s = _scores(q, K, k_off, s_kn, 0, m, BLOCK_N, BLOCK_D, D, PREC, True)  # m may end in the first block
         smax = tl.max(s, 1)
         ref_c = smax * coef
@@ -260,15 +215,14 @@ if triton is not None:
         return zc, tl.minimum(tl.maximum(nxt, -1.0), -1e-30), sgn
 
     @triton.jit
-    def _threshold(z_a, z_b, t, sgn, q, K, k_off, s_kn, m, last, stop, coef, zc, zero,
+    def _threshold(z_a, z_b, z_c, t, sgn, q, K, k_off, s_kn, m, last, stop, coef, zc, zero,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LAST_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    D: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr, TWO: tl.constexpr,
                    MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr, PASSES_BEFORE: tl.constexpr):
         """(tau, sum of g at tau, passes) per row, from t (-1 = zmax/2 - 1, as p <= 1, or _first_pass's, which
         counts as PASSES_BEFORE = 1 pass; ``bench.loop_trips`` runs this loop the assumed passes minus that) and
-        sgn (the side of tau t lies on, see _update). The single path's first pass stays in the loop, without
-        _gauss_root: peeled to take it, that forward spilled (16-24 B at N = 197, bf16), and without the spill
-        it still cost more than the passes it saved (docs/performance.md)."""
+        sgn (the side of tau t lies on, see _update). The register tiles' first pass (t = -1) stays in the loop:
+        peeled, with a _gauss_root start, it cost more than it saved (docs/performance.md)."""
         tau = zero
         g_sum = zero
         done = zero > 1
@@ -276,7 +230,7 @@ if triton is not None:
         it = tl.full([], PASSES_BEFORE, tl.int32)  # loop-carried: Triton values, not Python ints
         left = tl.full([], BLOCK_M, tl.int32)
         while left > 0:
-            k, s1, s2, mn, below, t = _row_sums(z_a, z_b, t, sgn, q, K, k_off, s_kn, m, last, stop, coef, zc,
+            k, s1, s2, mn, below, t = _row_sums(z_a, z_b, z_c, t, sgn, q, K, k_off, s_kn, m, last, stop, coef, zc,
                                                 BLOCK_N, LAST_N, BLOCK_D, D, PREC, SINGLE, TWO, FUSED)
             exact, cand, nxt, gs, sgn = _update(t, k, s1, s2, mn, below, ENTMAX)
             it += 1
@@ -337,8 +291,9 @@ if triton is not None:
         OG = sum g v / sum g (the backward's delta); with COUNT the threshold passes per row to PASSES.
         SINGLE: the row's scores stay in registers (q k^T once): one tile of BLOCK_N keys, or with TWO two
         (keys 0..BLOCK_N and BLOCK_N..2 BLOCK_N, so that p and g of one half are 16-bit tiles beside the fp32
-        scores without spilling); else every pass recomputes q k^T block by block, the last block LAST_N keys
-        wide (the power of two >= 16 that holds the keys left: 32 for N = 785 rather than 64)."""
+        scores without spilling), and where LAST_N < BLOCK_N a third of LAST_N keys after them; else every pass
+        recomputes q k^T block by block, the last block LAST_N keys wide (the power of two >= 16 that holds the
+        keys left: 32 for N = 785 rather than 64)."""
         bh = tl.program_id(1)
         b, h = bh // heads, bh % heads
         start_m = tl.program_id(0) * BLOCK_M
@@ -354,19 +309,24 @@ if triton is not None:
             s_a = _scores(q, K, k_off, sk_n, 0, m, BLOCK_N, BLOCK_D, D, PREC, not TWO)  # with TWO: m > BLOCK_N
             smax = tl.max(s_a, 1)
             if TWO:
-                s_b = _scores(q, K, k_off, sk_n, BLOCK_N, m, BLOCK_N, BLOCK_D, D, PREC, True)
+                s_b = _scores(q, K, k_off, sk_n, BLOCK_N, m, BLOCK_N, BLOCK_D, D, PREC, LAST_N == BLOCK_N)
                 smax = tl.maximum(smax, tl.max(s_b, 1))
+                if LAST_N < BLOCK_N:
+                    s_c = _scores(q, K, k_off, sk_n, 2 * BLOCK_N, m, LAST_N, BLOCK_D, D, PREC, True)
+                    smax = tl.maximum(smax, tl.max(s_c, 1))
             zc = smax * coef
             z_a = s_a * coef - zc[:, None]
-            z_b = z_a
+            z_b, z_c = z_a, z_a
             if TWO:
                 z_b = s_b * coef - zc[:, None]
+                if LAST_N < BLOCK_N:
+                    z_c = s_c * coef - zc[:, None]
             t, sgn = zero - 1.0, zero + 1.0
         else:  # the row max and a first threshold pass in one sweep
             zc, t, sgn = _first_pass(q, K, k_off, sk_n, m, last, stop, coef, zero, BLOCK_N, LAST_N, BLOCK_D,
                                            D, ENTMAX, PREC)
-            z_a, z_b = zc, zc
-        tau, g_sum, passes = _threshold(z_a, z_b, t, sgn, q, K, k_off, sk_n, m, last, stop, coef, zc, zero,
+            z_a, z_b, z_c = zc, zc, zc
+        tau, g_sum, passes = _threshold(z_a, z_b, z_c, t, sgn, q, K, k_off, sk_n, m, last, stop, coef, zc, zero,
                                         BLOCK_M, BLOCK_N, LAST_N, BLOCK_D, D, ENTMAX, SINGLE, TWO, MAX_PASSES, PREC,
                                         FUSED, 0 if SINGLE else 1)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
@@ -377,6 +337,10 @@ if triton is not None:
             if TWO:
                 v_b = _rows(V, v_off, sv_n, BLOCK_N, m, BLOCK_N, BLOCK_DV, DV)
                 acc, acc_g, g_sum = _add_values(z_b, 1.0, tau, v_b, acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC, False)
+                if LAST_N < BLOCK_N:
+                    v_c = _rows(V, v_off, sv_n, 2 * BLOCK_N, m, LAST_N, BLOCK_DV, DV)
+                    acc, acc_g, g_sum = _add_values(z_c, 1.0, tau, v_c, acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC,
+                                                    False)
         else:  # the blocks before the last unmasked, then the last
             w, tau = _fold(zc, tau, PREC)  # tau: the threshold these blocks use, as each pass's, for the backward
             for start in range(0, stop, BLOCK_N):

@@ -12,7 +12,8 @@ from .triton_kernels import triton
 if triton is not None:
     import triton.language as tl
 
-    from .triton_kernels import _dot, _p_g, _rows
+    from .triton_kernels import _p_g
+    from .triton_tiles import _dot, _rows
 
     @triton.jit
     def _z_tile(q, k, start, m, coef, zmax, BLOCK_N: tl.constexpr, PREC: tl.constexpr):

@@ -15,7 +15,7 @@ forward with COUNT), on the CUDA device or in the interpreter. Sources:
 - ``gauss-1``, ``gauss-3``, ``gauss-6``: rows of N scaled scores ~ N(0, sigma^2) (3: the spread of a trained
   model's logits, the kernel tests' "peaked" rows).
 
-Paths: ``single`` (N <= 256: the register tile the 16-bit forward takes; first pass at t = -1) and ``block``
+Paths: ``single`` (N <= 272: the register tile the 16-bit forward takes; first pass at t = -1) and ``block``
 (the block-wise forward: max and first threshold pass fused, _gauss_root start).
 """
 from __future__ import annotations
