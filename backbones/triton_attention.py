@@ -116,7 +116,7 @@ def _prec(dtype: torch.dtype) -> str:
     return "upcast" if dtype == torch.bfloat16 and interpreted() else "tf32"
 
 
-def _blocks(m: int, dtype: torch.dtype, prec: str, need_grad: bool, arch: int = 90) -> dict:
+def _blocks(m: int, dtype: torch.dtype, prec: str, need_grad: bool, arch: int = 90, entmax: bool = True) -> dict:
     """Block sizes and warps, each choice measured by compiling for sm_90 (registers, spills, wgmma:
     docs/performance.md, "Triton kernel design"). 64 query rows per warpgroup of 4 warps: each warp owns 16
     whole rows, so the threshold's row reductions stay in the warp, and the products are wgmma. ``bwd_*``: the
@@ -131,9 +131,10 @@ def _blocks(m: int, dtype: torch.dtype, prec: str, need_grad: bool, arch: int = 
         return dict(single=single, block_m=64, block_n=p2 if single else 64, fwd_warps=4, bwd_m=64, bwd_n=64,
                     bwd_warps=8, fa2=(32, 64, 4, 1))
     # one register tile (two halves, and a 16-key third past 256) up to 272 keys on sm_90; these spilled, so they
-    # go block-wise from 129 keys:
-    # fp16 inference (80 B; bf16 and fp16 training: none) and sm_80's mma.sync layout (16 B)
+    # go block-wise from 129 keys: fp16 inference (80 B; bf16 and fp16 training: none) and sm_80's mma.sync
+    # layout (16 B); and from 257 keys fp16 sparsemax (its third tile: 4 B)
     single = m <= (_SINGLE_MAX if arch >= 90 and (dtype == torch.bfloat16 or need_grad) else 128)
+    single = single and not (m > 256 and dtype == torch.float16 and not entmax)
     # 5-GEMM backward: 32 query rows per step x 64 keys (its products keep a 64-row wgmma side), 1 stage (2
     # stages staged q and dO through shared memory: 4x the LDS); no spill on sm_90 nor sm_80
     return dict(single=single, block_m=64, block_n=p2 if single else 64, fwd_warps=4, bwd_m=64, bwd_n=64,
@@ -146,9 +147,7 @@ def _plan(n: int, m: int, dtype: torch.dtype, d: int, dv: int, bh: int, entmax: 
     the launcher and by :func:`launch_plan`. The backward: FlashAttention-2's 5 GEMMs with atomic dQ, or
     (``deterministic``) the two atomic-free kernels."""
     prec = _prec(dtype)
-    cfg = _blocks(m, dtype, prec, need_grad, arch)
-    if cfg["single"] and m > 256 and dtype == torch.float16 and not entmax:  # its third tile spilled 4 B
-        cfg.update(single=False, block_n=64)
+    cfg = _blocks(m, dtype, prec, need_grad, arch, entmax)
     if single is not None:  # threshold_passes: the 16-bit forward's path and key blocks, on exact fp32 scores
         cfg.update(single=single, block_n=max(16, triton.next_power_of_2(m)) if single else 64)
     meta = dict(D=d, DV=dv, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
