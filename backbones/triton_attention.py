@@ -14,11 +14,11 @@ Kernels (``backbones/triton_kernels.py``, ``triton_kernels_bwd.py``; block sizes
 sm_90, docs/performance.md):
 - forward, one program per (64 query rows, batch*head), 4 warps each owning 16 whole rows (reductions stay in
   the warp; products are wgmma). Up to 272 keys (ViT-S/16: 197, +4 registers: 201; at 256 px: 257; DINO's local
-  crops: 37) the row's scores stay in registers (from 129 keys as two 128-key tiles, from 257 with a third 16
-  wide): q k^T once, then register arithmetic only. Longer rows recompute q k^T per pass, block by block (the
-  last block only as wide as its keys need); their first sweep finds the row max and a first threshold
-  together (``_first_pass``: the closed form on the keys above the running max - 1, or lower, the root of a
-  normal model of every key's score).
+  crops: 37) the row's scores stay in registers, in up to three tiles as narrow as powers of two allow (197:
+  128 + 64 + 16 keys, 257: 128 + 128 + 16, 37: 32 + 16): q k^T once, then register arithmetic only. Longer
+  rows recompute q k^T per pass, block by block (the last block only as wide as its keys need); their first
+  sweep finds the row max and a first threshold together (``_first_pass``: the closed form on the keys above
+  the running max - 1, or lower, the root of a normal model of every key's score).
   1. row max of s = q k^T (padded keys: -inf as the product's initial accumulator); z = c s - c max in one
      FMA, c = scale/2 (entmax-1.5) or scale (sparsemax): z <= 0, and tau lies in [-1, 0) as p <= 1;
   2. tau from t = -1: each pass sums |S|, sum d, sum d^2 over S = {z > t}, d = z - t, and solves the closed
@@ -130,15 +130,26 @@ def _blocks(m: int, dtype: torch.dtype, prec: str, need_grad: bool, arch: int = 
         single = m <= 64
         return dict(single=single, block_m=64, block_n=p2 if single else 64, fwd_warps=4, bwd_m=64, bwd_n=64,
                     bwd_warps=8, fa2=(32, 64, 4, 1))
-    # one register tile (two halves, and a 16-key third past 256) up to 272 keys on sm_90; these spilled, so they
-    # go block-wise from 129 keys: fp16 inference (80 B; bf16 and fp16 training: none) and sm_80's mma.sync
-    # layout (16 B); and from 257 keys fp16 sparsemax (its third tile: 4 B)
-    single = m <= (_SINGLE_MAX if arch >= 90 and (dtype == torch.bfloat16 or need_grad) else 128)
-    single = single and not (m > 256 and dtype == torch.float16 and not entmax)
+    # register tiles (_tiles) up to 272 keys on sm_90; these spilled, so they go block-wise: sm_80's mma.sync
+    # layout from 129 keys (16 B), fp16 sparsemax from 225 keys in inference (two 128-key tiles: 92 B) and from 257
+    # in training (the third tile: 4 B)
+    single = m <= (_SINGLE_MAX if arch >= 90 else 128)
+    if dtype == torch.float16 and not entmax:
+        single = single and m <= (256 if need_grad else 224)
     # 5-GEMM backward: 32 query rows per step x 64 keys (its products keep a 64-row wgmma side), 1 stage (2
     # stages staged q and dO through shared memory: 4x the LDS); no spill on sm_90 nor sm_80
     return dict(single=single, block_m=64, block_n=p2 if single else 64, fwd_warps=4, bwd_m=64, bwd_n=64,
                 bwd_warps=4, fa2=(32, 64, 4, 1))
+
+
+def _tiles(m: int) -> tuple[int, int, int]:
+    """Widths (a, b, c) of the 16-bit forward's register tiles for m <= 272 keys (0: none), powers of two >= 16,
+    c <= b <= a <= 128, c < a: the fewest padded keys (every pass works on each key held), then the fewest tiles.
+    197 keys: 128 + 64 + 16 (was 128 + 128), 37: 32 + 16 (was 64), 257: 128 + 128 + 16."""
+    widths = (16, 32, 64, 128)
+    fits = [(a, b, c) for a in widths for b in (0, *widths) if b <= a for c in (0, *widths)
+            if c <= b and c < a and a + b + c >= m]
+    return min(fits, key=lambda t: (sum(t), sum(map(bool, t))))
 
 
 def _plan(n: int, m: int, dtype: torch.dtype, d: int, dv: int, bh: int, entmax: bool, need_grad: bool,
@@ -149,17 +160,18 @@ def _plan(n: int, m: int, dtype: torch.dtype, d: int, dv: int, bh: int, entmax: 
     prec = _prec(dtype)
     cfg = _blocks(m, dtype, prec, need_grad, arch, entmax)
     if single is not None:  # threshold_passes: the 16-bit forward's path and key blocks, on exact fp32 scores
-        cfg.update(single=single, block_n=max(16, triton.next_power_of_2(m)) if single else 64)
+        cfg.update(single=single, block_n=cfg["block_n"] if single else 64)
     meta = dict(D=d, DV=dv, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
                 ENTMAX=entmax, PREC=prec)
     cdiv = triton.cdiv
-    two = cfg["single"] and cfg["block_n"] > 128  # one register tile in two halves (see _fwd_kernel)
-    block_n = 128 if two else cfg["block_n"]
-    # block-wise, and past two 128-key tiles: the last key block only as wide as its keys need (power of 2, >= 16)
-    last_n = block_n if cfg["single"] and m <= 2 * block_n else \
-        max(16, triton.next_power_of_2(m - (m - 1) // block_n * block_n))
+    if cfg["single"] and (dtype != torch.float32 or single is not None):  # 16-bit register tiles (see _tiles)
+        block_n, mid_n, last_n = _tiles(m)
+    else:  # fp32's one register tile; block-wise: the last key block only as wide as its keys need
+        block_n, mid_n = cfg["block_n"], 0
+        last_n = 0 if cfg["single"] else max(16, triton.next_power_of_2(m - (m - 1) // block_n * block_n))
     plan = [("fwd", tk._fwd_kernel, (cdiv(n, cfg["block_m"]), bh),
-             dict(meta, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, LAST_N=last_n, SINGLE=cfg["single"], TWO=two,
+             dict(meta, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, MID_N=mid_n or block_n, LAST_N=last_n or block_n,
+                  SINGLE=cfg["single"], TWO=mid_n > 0,
                   NEED_OG=need_grad, COUNT=count, MAX_PASSES=_MAX_PASSES, FUSED=not interpreted()),
              dict(num_warps=cfg["fwd_warps"], num_stages=1))]
     if not need_grad:

@@ -126,8 +126,8 @@ if triton is not None:
 
     @triton.jit
     def _row_sums(z_a, z_b, z_c, t, sgn, q, K, k_off, s_kn, m, last, stop, coef, zc, BLOCK_N: tl.constexpr,
-                  LAST_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr,
-                  SINGLE: tl.constexpr, TWO: tl.constexpr, FUSED: tl.constexpr):
+                  MID_N: tl.constexpr, LAST_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr,
+                  PREC: tl.constexpr, SINGLE: tl.constexpr, TWO: tl.constexpr, FUSED: tl.constexpr):
         """_support_sums over the whole row (the register tiles z_a, and z_b with TWO, or z recomputed block by
         block: the blocks before ``stop`` in a loop, then the last one, masked; ``last``, ``stop``: see
         _fwd_kernel) as |S|, sum d, sum d^2, min d over S and the distance from t down to the nearest key outside
@@ -139,10 +139,10 @@ if triton is not None:
             slots = BLOCK_N
             if TWO:
                 k, s1, s2, nb = _combine(k, s1, s2, nb, *_support_sums(z_b, 1.0, t, sgn, FUSED))
-                slots = 2 * BLOCK_N
-                if LAST_N < BLOCK_N:  # a third, narrow tile: the keys past 2 BLOCK_N
+                slots = BLOCK_N + MID_N
+                if LAST_N < BLOCK_N:  # a third, narrow tile: the keys past BLOCK_N + MID_N
                     k, s1, s2, nb = _combine(k, s1, s2, nb, *_support_sums(z_c, 1.0, t, sgn, FUSED))
-                    slots = 2 * BLOCK_N + LAST_N
+                    slots = BLOCK_N + MID_N + LAST_N
         else:
             zi = (t * 0).to(tl.int32)
             k, s1, s2, nb = zi, t * 0, t * 0, zi + 2147483647
@@ -216,9 +216,10 @@ if triton is not None:
 
     @triton.jit
     def _threshold(z_a, z_b, z_c, t, sgn, q, K, k_off, s_kn, m, last, stop, coef, zc, zero,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LAST_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   D: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr, TWO: tl.constexpr,
-                   MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr, PASSES_BEFORE: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MID_N: tl.constexpr, LAST_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr, D: tl.constexpr, ENTMAX: tl.constexpr, SINGLE: tl.constexpr,
+                   TWO: tl.constexpr, MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr,
+                   PASSES_BEFORE: tl.constexpr):
         """(tau, sum of g at tau, passes) per row, from t (-1 = zmax/2 - 1, as p <= 1, or _first_pass's, which
         counts as PASSES_BEFORE = 1 pass; ``bench.loop_trips`` runs this loop the assumed passes minus that) and
         sgn (the side of tau t lies on, see _update). The register tiles' first pass (t = -1) stays in the loop:
@@ -231,7 +232,7 @@ if triton is not None:
         left = tl.full([], BLOCK_M, tl.int32)
         while left > 0:
             k, s1, s2, mn, below, t = _row_sums(z_a, z_b, z_c, t, sgn, q, K, k_off, s_kn, m, last, stop, coef, zc,
-                                                BLOCK_N, LAST_N, BLOCK_D, D, PREC, SINGLE, TWO, FUSED)
+                                                BLOCK_N, MID_N, LAST_N, BLOCK_D, D, PREC, SINGLE, TWO, FUSED)
             exact, cand, nxt, gs, sgn = _update(t, k, s1, s2, mn, below, ENTMAX)
             it += 1
             passes = tl.where(done, passes, it)
@@ -283,17 +284,17 @@ if triton is not None:
     def _fwd_kernel(Q, K, V, O, OG, STATS, PASSES, scale, n, m, heads,
                     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
                     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    LAST_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr,
-                    SINGLE: tl.constexpr,
-                    TWO: tl.constexpr, NEED_OG: tl.constexpr, COUNT: tl.constexpr, MAX_PASSES: tl.constexpr,
-                    PREC: tl.constexpr, FUSED: tl.constexpr):
+                    MID_N: tl.constexpr, LAST_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                    ENTMAX: tl.constexpr, SINGLE: tl.constexpr, TWO: tl.constexpr, NEED_OG: tl.constexpr,
+                    COUNT: tl.constexpr, MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr):
         """O = sum p v per query row of one (query block, batch*head); (zmax, tau) to STATS; with NEED_OG also
         OG = sum g v / sum g (the backward's delta); with COUNT the threshold passes per row to PASSES.
         SINGLE: the row's scores stay in registers (q k^T once): one tile of BLOCK_N keys, or with TWO two
-        (keys 0..BLOCK_N and BLOCK_N..2 BLOCK_N, so that p and g of one half are 16-bit tiles beside the fp32
-        scores without spilling), and where LAST_N < BLOCK_N a third of LAST_N keys after them; else every pass
-        recomputes q k^T block by block, the last block LAST_N keys wide (the power of two >= 16 that holds the
-        keys left: 32 for N = 785 rather than 64)."""
+        (keys 0..BLOCK_N and BLOCK_N..BLOCK_N + MID_N, so that p and g of one tile are 16-bit tiles beside the
+        fp32 scores without spilling), and where LAST_N < BLOCK_N a third of LAST_N keys after them (widths:
+        ``triton_attention._tiles``, as few padded keys as powers of two allow: each pass works on every key
+        held); else every pass recomputes q k^T block by block, the last block LAST_N keys wide (the power of
+        two >= 16 that holds the keys left: 32 for N = 785 rather than 64)."""
         bh = tl.program_id(1)
         b, h = bh // heads, bh % heads
         start_m = tl.program_id(0) * BLOCK_M
@@ -309,10 +310,10 @@ if triton is not None:
             s_a = _scores(q, K, k_off, sk_n, 0, m, BLOCK_N, BLOCK_D, D, PREC, not TWO)  # with TWO: m > BLOCK_N
             smax = tl.max(s_a, 1)
             if TWO:
-                s_b = _scores(q, K, k_off, sk_n, BLOCK_N, m, BLOCK_N, BLOCK_D, D, PREC, LAST_N == BLOCK_N)
+                s_b = _scores(q, K, k_off, sk_n, BLOCK_N, m, MID_N, BLOCK_D, D, PREC, LAST_N == BLOCK_N)
                 smax = tl.maximum(smax, tl.max(s_b, 1))
                 if LAST_N < BLOCK_N:
-                    s_c = _scores(q, K, k_off, sk_n, 2 * BLOCK_N, m, LAST_N, BLOCK_D, D, PREC, True)
+                    s_c = _scores(q, K, k_off, sk_n, BLOCK_N + MID_N, m, LAST_N, BLOCK_D, D, PREC, True)
                     smax = tl.maximum(smax, tl.max(s_c, 1))
             zc = smax * coef
             z_a = s_a * coef - zc[:, None]
@@ -327,18 +328,18 @@ if triton is not None:
                                            D, ENTMAX, PREC)
             z_a, z_b, z_c = zc, zc, zc
         tau, g_sum, passes = _threshold(z_a, z_b, z_c, t, sgn, q, K, k_off, sk_n, m, last, stop, coef, zc, zero,
-                                        BLOCK_M, BLOCK_N, LAST_N, BLOCK_D, D, ENTMAX, SINGLE, TWO, MAX_PASSES, PREC,
-                                        FUSED, 0 if SINGLE else 1)
+                                        BLOCK_M, BLOCK_N, MID_N, LAST_N, BLOCK_D, D, ENTMAX, SINGLE, TWO, MAX_PASSES,
+                                        PREC, FUSED, 0 if SINGLE else 1)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
         acc_g = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
         if SINGLE:  # g_sum: from the threshold's last pass
             acc, acc_g, g_sum = _add_values(z_a, 1.0, tau, _rows(V, v_off, sv_n, 0, m, BLOCK_N, BLOCK_DV, DV), acc,
                                             acc_g, g_sum, NEED_OG, ENTMAX, PREC, False)
             if TWO:
-                v_b = _rows(V, v_off, sv_n, BLOCK_N, m, BLOCK_N, BLOCK_DV, DV)
+                v_b = _rows(V, v_off, sv_n, BLOCK_N, m, MID_N, BLOCK_DV, DV)
                 acc, acc_g, g_sum = _add_values(z_b, 1.0, tau, v_b, acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC, False)
                 if LAST_N < BLOCK_N:
-                    v_c = _rows(V, v_off, sv_n, 2 * BLOCK_N, m, LAST_N, BLOCK_DV, DV)
+                    v_c = _rows(V, v_off, sv_n, BLOCK_N + MID_N, m, LAST_N, BLOCK_DV, DV)
                     acc, acc_g, g_sum = _add_values(z_c, 1.0, tau, v_c, acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC,
                                                     False)
         else:  # the blocks before the last unmasked, then the last

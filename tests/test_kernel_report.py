@@ -20,6 +20,7 @@ import triton.language as tl  # noqa: E402
 
 from bench import cost_model, kernel_report as kr, sass, sass_loops  # noqa: E402
 from bench import flash_yardstick as fy  # noqa: E402
+from bench import onchip_probe  # noqa: E402
 from bench.kernel_compile import compile_launch, loops_of  # noqa: E402
 from backbones.triton_attention import KernelLaunch  # noqa: E402
 from helpers.procs import run  # noqa: E402
@@ -256,6 +257,20 @@ def test_every_loop_trip_count_is_resolved(reports):
             if (r["impl"], r["kernel"], r["n"], r["dtype"], r["phase"], r["kind"]) == key]
     assert rows and all(r["macs_per_program"] == {"HGMMA.BF16": 6 * 64 * 64 * (12 * 64 + 32)} for r in rows), \
         rows[0]["loops"]
+
+
+@compiled
+def test_onchip_probe_register_limit():
+    """What docs/performance.md says keeps 273-1025 keys' scores off the registers (bench.onchip_probe, sm_90):
+    4 warps hold two 128-key tiles without spilling and spill at three, stored as fp16 too (a 16-bit element
+    takes a 32-bit register); 8 warps lay the 64-row q k^T tile [8, 1] (128 rows of warps: each warpgroup repeats
+    the other's products) and hold no more keys per thread."""
+    two, three = onchip_probe.probe(4, 2, "fp16"), onchip_probe.probe(4, 3, "fp16")
+    assert two["stack"] == 0 and three["stack"] > 0 and two["wgmma"] > 0, (two, three)
+    assert onchip_probe.probe(4, 2, "fp32")["registers"] == two["registers"]
+    wide = onchip_probe.probe(8, 2, "fp16")
+    assert two["qk_layout"] == "[4, 1]" and wide["qk_layout"] == "[8, 1]", (two, wide)
+    assert wide["registers"] > 0.9 * two["registers"], wide
 
 
 class _Launch:

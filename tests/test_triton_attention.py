@@ -227,8 +227,8 @@ def test_block_wise_passes_fold_the_max_on_large_logits(kind, tf32):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind,single", [("entmax15", True), ("sparsemax", True), ("entmax15", False)])
 def test_ragged_registers_length_bf16(kind, single, monkeypatch):
-    """ViT-S/16 with 4 registers: 201 tokens, one 256-wide tile (55 masked keys), 16-bit products; and the
-    block-wise path of longer rows (forced here: 4 key blocks of 64, the last ragged)."""
+    """ViT-S/16 with 4 registers: 201 tokens, register tiles 128 + 64 + 16 wide (7 masked keys), 16-bit products;
+    and the block-wise path of longer rows (forced here: 4 key blocks of 64, the last ragged)."""
     if not single:
         monkeypatch.setattr(ta, "_SINGLE_MAX", 64)
     assert ta.launch_plan(201, torch.bfloat16)[0].constexprs["SINGLE"] == single
@@ -240,24 +240,36 @@ def test_ragged_registers_length_bf16(kind, single, monkeypatch):
 @kernel
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", ["entmax15", "sparsemax"])
-@pytest.mark.parametrize("n,m,last_n", [(70, 129, 128), (3, 256, 128), (5, 257, 16), (66, 272, 16)])
-def test_two_register_tiles_at_their_edges(kind, n, m, last_n):
-    """Rows of 129-272 keys as two 128-key register tiles (fp16 training), and past 256 keys a third, 16 wide:
-    129 keys leave one real key in the second tile, 256 none padded, 257 one real key in the third (a ViT-S/16 at
-    256 px), 272 fill it; cross-attention shapes (n != m). Every real score is negative (q >= 0 >= k), so a
-    padded key (a zero row of k: score 0) left unmasked would be each row's maximum. fp16 sparsemax's three-tile
-    forward spilled (4 B), so that one goes block-wise, and bf16 runs the three tiles here."""
+@pytest.mark.parametrize("n,m,tiles", [(70, 129, (128, 16, 0)), (3, 256, (128, 128, 0)), (5, 257, (128, 128, 16)),
+                                       (66, 272, (128, 128, 16)), (9, 193, (128, 64, 16)), (7, 208, (128, 64, 16)),
+                                       (4, 37, (32, 16, 0))])
+def test_register_tiles_at_their_edges(kind, n, m, tiles):
+    """Rows held in two or three register tiles (fp16 training), each a power of two >= 16 wide and as few keys
+    padded as that allows (hand-worked widths; 0: no third tile): 129 keys leave one real key in a 16-wide second
+    tile, 256 none padded, 257 one real key in the third (a ViT-S/16 at 256 px), 272 fill it; 193 one real key in
+    the third after a 64-wide second (197: a ViT-S/16 at 224 px), 208 fill it; 37 (DINO's local crops) 32 + 16.
+    Cross-attention shapes (n != m). Every real score is negative (q >= 0 >= k), so a padded key (a zero row of
+    k: score 0) left unmasked would be each row's maximum. fp16 sparsemax's 257-272-key tiles spilled (4 B), so
+    those go block-wise, and bf16 runs the three tiles here. Then the inference forward (no Og) on the same rows."""
     dtype, tol = torch.float16, 5e-3
     if m > 256 and kind == "sparsemax":
         assert not ta.launch_plan(n, dtype, kind, head_dim=16, bh=2, m=m)[0].constexprs["SINGLE"]
         dtype, tol = torch.bfloat16, 2.5e-2
     plan = ta.launch_plan(n, dtype, kind, head_dim=16, bh=2, m=m)[0].constexprs
-    assert plan["SINGLE"] and plan["TWO"] and (plan["BLOCK_N"], plan["LAST_N"]) == (128, last_n)
+    assert plan["SINGLE"] and plan["TWO"] and (plan["BLOCK_N"], plan["MID_N"]) == tiles[:2]
+    assert plan["LAST_N"] == (tiles[2] or tiles[0])  # LAST_N = BLOCK_N: no third tile
     g = torch.Generator().manual_seed(n + m)
     q, k, v = (torch.randn(1, 2, r, 16, generator=g, dtype=torch.float64) for r in (n, m, m))
     q, k, v = (q.abs() * 0.5).to(dtype), (-k.abs() * 0.5).to(dtype), v.to(dtype)
     errs, mags = _errors(kind, q, k, v, 0.25)
     assert all(e < tol * mg for e, mg in zip(errs, mags)), (errs, mags)
+    # inference (no Og): fp16 in registers, but fp16 sparsemax from 225 keys block-wise (two 128-key tiles spilled)
+    assert ta.launch_plan(n, dtype, kind, 16, 2, need_grad=False, m=m)[0].constexprs["SINGLE"] == \
+        (dtype == torch.bfloat16 or kind == "entmax15" or m <= 224)
+    with torch.no_grad():
+        out = ta.sparse_attention(q, k, v, 0.25, kind=kind).double()
+    ref = _REF[kind]((q.double() @ k.double().transpose(-2, -1)) * 0.25, dim=-1) @ v.double()
+    assert (out - ref).abs().max() < tol * mags[0]
 
 
 @kernel
