@@ -9,8 +9,9 @@ on chip for N <= 1025", so that q k^T is computed once; today only rows of <= 27
 The probe compiles, for sm_90 with the triton wheel's ptxas (no GPU), the least a fused forward must do with the
 scores on chip: ``tiles`` products q k^T of 128 keys each, kept as ``store`` tiles (the running max subtracted:
 16-bit z loses nothing that matters near it), three threshold passes over all of them (each: |S|, sum d and
-sum d^2 of d = (z - t)_+, and a Newton-like step), then p v on the tensor cores. The real kernel does more (Og,
-the exact test, both sides of t), so where the probe spills, so would it. It prints registers, stack bytes
+sum d^2 of d = (z - t)_+, and a step of t from them: a stand-in for the closed form, whose cost, not value,
+matters here), then p v on the tensor cores. The real kernel does more (Og, the exact test, both sides of t),
+so where the probe spills, so would it. It prints registers, stack bytes
 (spills) and the layout Triton chose for the q k^T tile (``warpsPerCTA``: [8, 1] for a 64-row tile over 8 warps
 means each warpgroup repeats the other's products).
 
