@@ -54,6 +54,7 @@ computed from operands widened to fp32 (same values; the interpreter's own bf16 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -119,17 +120,16 @@ def _prec(dtype: torch.dtype) -> str:
 def _blocks(m: int, dtype: torch.dtype, prec: str, need_grad: bool, arch: int = 90, entmax: bool = True) -> dict:
     """Block sizes and warps, each choice measured by compiling for sm_90 (registers, spills, wgmma:
     docs/performance.md, "Triton kernel design"). 64 query rows per warpgroup of 4 warps: each warp owns 16
-    whole rows, so the threshold's row reductions stay in the warp, and the products are wgmma. ``bwd_*``: the
+    whole rows, so the threshold's row reductions stay in the warp, and the products are wgmma. ``tiles``: the
+    forward's register tiles (see _tiles), None for block-wise rows (``block_n`` keys per block); ``bwd_*``: the
     deterministic backward's (1 stage); ``fa2``: the 5-GEMM backward's (query block, key block, warps, stages)."""
-    p2 = max(16, triton.next_power_of_2(m))
+    one = (max(16, triton.next_power_of_2(m)), 0, 0) if m <= 64 else None  # fp32: one register tile
     if prec == "ieee":  # exact fp32 on CUDA cores: 16-row blocks, or it spills (one tile: inference only)
-        single = m <= 64 and not need_grad
-        return dict(single=single, block_m=16, block_n=p2 if single else 32, fwd_warps=4, bwd_m=16, bwd_n=32,
+        return dict(tiles=None if need_grad else one, block_m=16, block_n=32, fwd_warps=4, bwd_m=16, bwd_n=32,
                     bwd_warps=4, fa2=(16, 32, 4, 1))
     if dtype == torch.float32:  # tf32: fp32 operands take twice the registers of 16-bit ones
-        single = m <= 64
-        return dict(single=single, block_m=64, block_n=p2 if single else 64, fwd_warps=4, bwd_m=64, bwd_n=64,
-                    bwd_warps=8, fa2=(32, 64, 4, 1))
+        return dict(tiles=one, block_m=64, block_n=64, fwd_warps=4, bwd_m=64, bwd_n=64, bwd_warps=8,
+                    fa2=(32, 64, 4, 1))
     # register tiles (_tiles) up to 272 keys on sm_90; these spilled, so they go block-wise: sm_80's mma.sync
     # layout from 129 keys (16 B), fp16 sparsemax from 225 keys in inference (two 128-key tiles: 92 B) and from 257
     # in training (the third tile: 4 B)
@@ -138,10 +138,11 @@ def _blocks(m: int, dtype: torch.dtype, prec: str, need_grad: bool, arch: int = 
         single = single and m <= (256 if need_grad else 224)
     # 5-GEMM backward: 32 query rows per step x 64 keys (its products keep a 64-row wgmma side), 1 stage (2
     # stages staged q and dO through shared memory: 4x the LDS); no spill on sm_90 nor sm_80
-    return dict(single=single, block_m=64, block_n=p2 if single else 64, fwd_warps=4, bwd_m=64, bwd_n=64,
+    return dict(tiles=_tiles(m) if single else None, block_m=64, block_n=64, fwd_warps=4, bwd_m=64, bwd_n=64,
                 bwd_warps=4, fa2=(32, 64, 4, 1))
 
 
+@functools.lru_cache(maxsize=None)
 def _tiles(m: int) -> tuple[int, int, int]:
     """Widths (a, b, c) of the 16-bit forward's register tiles for m <= 272 keys (0: none), powers of two >= 16,
     c <= b <= a <= 128, c < a: the fewest padded keys (every pass works on each key held), then the fewest tiles.
@@ -159,19 +160,20 @@ def _plan(n: int, m: int, dtype: torch.dtype, d: int, dv: int, bh: int, entmax: 
     (``deterministic``) the two atomic-free kernels."""
     prec = _prec(dtype)
     cfg = _blocks(m, dtype, prec, need_grad, arch, entmax)
-    if single is not None:  # threshold_passes: the 16-bit forward's path and key blocks, on exact fp32 scores
-        cfg.update(single=single, block_n=cfg["block_n"] if single else 64)
+    if single is not None:  # threshold_passes: the 16-bit forward's register tiles or key blocks, on exact fp32
+        cfg.update(tiles=_tiles(m) if single else None, block_n=64)
     meta = dict(D=d, DV=dv, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
                 ENTMAX=entmax, PREC=prec)
     cdiv = triton.cdiv
-    if cfg["single"] and (dtype != torch.float32 or single is not None):  # 16-bit register tiles (see _tiles)
-        block_n, mid_n, last_n = _tiles(m)
-    else:  # fp32's one register tile; block-wise: the last key block only as wide as its keys need
+    tiles = cfg["tiles"]
+    if tiles is not None:
+        block_n, mid_n, last_n = tiles
+    else:  # block-wise: the last key block only as wide as its keys need
         block_n, mid_n = cfg["block_n"], 0
-        last_n = 0 if cfg["single"] else max(16, triton.next_power_of_2(m - (m - 1) // block_n * block_n))
+        last_n = max(16, triton.next_power_of_2(m - (m - 1) // block_n * block_n))
     plan = [("fwd", tk._fwd_kernel, (cdiv(n, cfg["block_m"]), bh),
              dict(meta, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, MID_N=mid_n or block_n, LAST_N=last_n or block_n,
-                  SINGLE=cfg["single"], TWO=mid_n > 0,
+                  SINGLE=tiles is not None, TWO=mid_n > 0,
                   NEED_OG=need_grad, COUNT=count, MAX_PASSES=_MAX_PASSES, FUSED=not interpreted()),
              dict(num_warps=cfg["fwd_warps"], num_stages=1))]
     if not need_grad:
