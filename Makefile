@@ -14,10 +14,10 @@ TASK ?=
 CKPT ?=
 RESUME ?=
 LAYER ?=
+KIND ?=
 OUT ?=
 ARGS ?=
 OBJECTIVE ?= dino
-PRETRAIN_ENTRY = $(if $(filter supervised,$(OBJECTIVE)),supervised,$(if $(filter dino,$(OBJECTIVE)),pretrain,$(error OBJECTIVE=$(OBJECTIVE): valid are dino, supervised)))
 # make study (docs/study.md)
 STUDY ?=
 VARIANTS ?= softmax entmax registers specialization lastvit
@@ -28,7 +28,7 @@ LAUNCHER ?= local
 DRY_RUN ?=
 AT ?=
 
-.PHONY: install test pretrain probe analyze report study check-data export bench gpu-check gpu-wheels gpu-compat tensorboard demo-data clean
+.PHONY: install test test-fast pretrain probe analyze report study check-data export bench kernel-report gpu-check gpu-wheels gpu-compat tensorboard demo-data clean
 
 install: .venv/.installed
 
@@ -37,20 +37,26 @@ install: .venv/.installed
 	.venv/bin/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $@
 
+# make test: every test (CI); make test-fast: the unit tier only (no training, subprocess or compilation; tests
+# that do those are marked slow, tests/helpers/tiers.py). Both print the ten slowest. TEST_ARGS: extra pytest flags.
+TEST_ARGS ?=
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=10 $(TEST_ARGS) tests
+
+test-fast: install
+	$(PY) -m pytest -q -p no:cacheprovider --durations=10 -m 'not slow' $(TEST_ARGS) tests
 
 demo-data: install
 	$(PY) -m datamodules.demo
 
 pretrain: install
-	$(PY) -m lightning_modules.$(PRETRAIN_ENTRY) --variant '$(VARIANT)' --data '$(DATA)' --data-root '$(DATA_ROOT)' --resume '$(RESUME)' $(ARGS)
+	$(PY) -m lightning_modules.pretrain --objective '$(OBJECTIVE)' --variant '$(VARIANT)' --data '$(DATA)' --data-root '$(DATA_ROOT)' --resume '$(RESUME)' $(ARGS)
 
 export: install
 	$(PY) -m lightning_modules.export --ckpt '$(CKPT)' --variant '$(VARIANT)' --out '$(OUT)'
 
 probe: install
-	$(PY) -m probes.run --task '$(TASK)' --variant '$(VARIANT)' --ckpt '$(CKPT)' --data '$(DATA)' --data-root '$(DATA_ROOT)' --layer '$(LAYER)' $(ARGS)
+	$(PY) -m probes.run --task '$(TASK)' --variant '$(VARIANT)' --ckpt '$(CKPT)' --data '$(DATA)' --data-root '$(DATA_ROOT)' --layer '$(LAYER)' --kind '$(KIND)' $(ARGS)
 
 analyze: install
 	$(PY) -m analysis.run --task '$(TASK)' --variant '$(VARIANT)' --ckpt '$(CKPT)' --data '$(DATA)' --data-root '$(DATA_ROOT)' $(ARGS)
@@ -66,6 +72,11 @@ check-data: install
 
 bench: install
 	$(PY) -m bench.run $(ARGS)
+
+# the static kernel model, no GPU needed: the Triton kernels compiled for sm_90/sm_80, SASS counted, predicted time
+# (ARGS e.g. "--target sm_90 --n 197 --dtype bf16 --json FILE"; kernel_model/report.py --help)
+kernel-report: install
+	$(PY) -m kernel_model $(ARGS)
 
 # CUDA only (prints "no CUDA GPU: skipped" elsewhere; ARGS="--smoke --out DIR": the CPU rehearsal), parts (a)-(e),
 # docs/performance.md "GPU check". PYTHON=python3: that interpreter as it is (no .venv, no install, no network);
@@ -89,7 +100,7 @@ gpu-check: $(GPU_DEPS)
 	      --target "$$tmp" .whl/*.whl || for w in .whl/*.whl; do $(GPU_PY) -m zipfile -e "$$w" "$$tmp"; done; \
 	  else echo "no .whl/ here: run 'make gpu-wheels' where there is network and copy .whl/ along"; fi; \
 	fi; \
-	PYTHONPATH="$$tmp:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PY) -m bench.gpu_check $(ARGS)
+	PYTHONPATH="$$tmp:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PY) -m gpu_check $(ARGS)
 
 gpu-wheels: $(GPU_DEPS)
 	$(GPU_PY) -m pip download --quiet --disable-pip-version-check --only-binary=:all: --no-deps \

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from datamodules.demo import is_demo
 from tokenmix import paths
 from tokenmix.io import atomic_write
 from tokenmix.results import KEYS
@@ -147,7 +148,7 @@ def _load(path: Path) -> Optional[dict]:
 
 
 def _data_kind(data: str) -> str:
-    return "demo" if data in ("", "demo") or str(data).startswith("demo") else "real"
+    return "demo" if is_demo(data) else "real"
 
 
 def collect(runs: Path) -> list[Found]:

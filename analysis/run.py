@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+from datamodules.demo import is_demo
 from tokenmix.cli import eval_parent_parser, finish_eval_args
 from tokenmix.launch import global_rank
 from tokenmix.precision import device_line
@@ -53,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     get_analysis(args.task.strip())  # an unknown task fails before anything loads
-    finish_eval_args(args)  # num_nodes > 1 without a cluster launcher is refused here, before any spawn
+    # num_nodes > 1 without a cluster launcher is refused here, before any spawn
+    finish_eval_args(args, demo=is_demo(args.data))
     if args.ckpt == "pixels":
         raise ValueError("--ckpt pixels: the analyses need a ViT (tokens, attention); use a checkpoint or 'random'")
     return args

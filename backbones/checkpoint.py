@@ -12,8 +12,13 @@ Every file is read once (``read_checkpoint``): its bytes are hashed (sha256) and
     (label-supervised runs: ``backbone.*``, ``kind == "supervised"``) and ``checkpoint["tokenmix"]`` (``ENTRY``,
     written by ``write_entry``) whose ``backbone`` is a ``BackboneConfig`` as a plain dict;
 (d) torchvision ``VisionTransformer`` weights, plain or in detectron2's layout
-    ``{"model": {"model.<torchvision key>": ...}, "iteration": ...}`` (the LaSt-ViT release), mapped to
-    timm keys by ``torchvision_vit_to_timm``.
+    ``{"model": {"model.<torchvision key>": ...}, "iteration": ...}`` (the LaSt-ViT release);
+(e) other projects' ViTs: a plain state dict or ``{"model": state dict}`` (DeiT, MAE releases) in timm's keys, the
+    DINOv2 torch.hub layout (and its training checkpoints: ``{"model": {"teacher.backbone.*"}}``,
+    ``{"teacher": {"backbone.*"}}``), or a timm model's weights (``.pth`` or ``.safetensors``) with its timm name
+    (``read_checkpoint(path, arch="vit_small_patch14_reg4_dinov2")``).
+Foreign keys become ours in ``backbones/foreign.py`` (``filter_state_dict``: one filter, as timm's
+``checkpoint_filter_fn``), which refuses an unknown layout naming its keys and the layouts known.
 A classifier ``head.*`` is loaded only into a model built with ``num_classes``; a backbone without a head
 (probes, analyses) ignores it.
 
@@ -26,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +41,8 @@ import torch
 from tokenmix.io import CheckpointError, read_file_bytes, safe_torch_load
 
 from .config import ARCHS, BackboneConfig
-from .vit import TokenMixViT
+from .foreign import filter_state_dict, timm_config
+from .vit import TokenMixViT, create_vit
 
 ENTRY = "tokenmix"  # checkpoint[ENTRY]: what this project writes beside the weights
 DINO, SUPERVISED = "dino_pretrain", "supervised"
@@ -129,46 +134,10 @@ def _strip(sd: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in sd.items()}
 
 
-_TV_RULES = [  # torchvision VisionTransformer key -> timm key (regex, replacement)
-    (r"^class_token$", "cls_token"), (r"^conv_proj\.", "patch_embed.proj."),
-    (r"^encoder\.pos_embedding$", "pos_embed"), (r"^encoder\.ln\.", "norm."),
-    (r"^encoder\.layers\.encoder_layer_(\d+)\.ln_1\.", r"blocks.\1.norm1."),
-    (r"^encoder\.layers\.encoder_layer_(\d+)\.ln_2\.", r"blocks.\1.norm2."),
-    (r"^encoder\.layers\.encoder_layer_(\d+)\.self_attention\.in_proj_(weight|bias)$", r"blocks.\1.attn.qkv.\2"),
-    (r"^encoder\.layers\.encoder_layer_(\d+)\.self_attention\.out_proj\.", r"blocks.\1.attn.proj."),
-    (r"^encoder\.layers\.encoder_layer_(\d+)\.mlp\.(0|linear_1)\.", r"blocks.\1.mlp.fc1."),
-    (r"^encoder\.layers\.encoder_layer_(\d+)\.mlp\.(3|linear_2)\.", r"blocks.\1.mlp.fc2."),
-    (r"^heads\.head\.", "head."),
-]
-
-
-def is_torchvision_vit(sd: Mapping[str, Any]) -> bool:
-    return "class_token" in sd or "encoder.pos_embedding" in sd
-
-
-def torchvision_vit_to_timm(sd: Mapping[str, Any], source: str = "checkpoint") -> dict[str, Any]:
-    """torchvision ``VisionTransformer`` state dict -> timm/tokenmix keys. Same tensors, same layouts: packed
-    q,k,v ``in_proj`` = timm ``qkv``, pre-norm blocks, LayerNorm eps 1e-6, exact GELU.
-
-    >>> torchvision_vit_to_timm({"class_token": t, "encoder.layers.encoder_layer_0.mlp.3.bias": b})
-    {'cls_token': t, 'blocks.0.mlp.fc2.bias': b}
-    """
-    out, unknown = {}, []
-    for k, v in sd.items():
-        for pat, rep in _TV_RULES:
-            new, n = re.subn(pat, rep, k)
-            if n:
-                out[new] = v
-                break
-        else:
-            unknown.append(k)
-    if unknown:  # e.g. heads.pre_logits (representation_size) has no counterpart in the tokenmix ViT
-        raise CheckpointError(f"{source}: torchvision ViT keys without a tokenmix counterpart: {unknown[:10]}")
-    return out
-
-
-def extract_backbone_state(obj: Any, which: str = "teacher", source: str = "checkpoint") -> tuple[dict, dict]:
-    """Return ``(backbone state dict in timm keys, tokenmix entry or {})`` from any supported checkpoint object."""
+def extract_backbone_state(obj: Any, which: str = "teacher",
+                           source: str = "checkpoint") -> tuple[dict, dict, str]:
+    """``(backbone state dict in timm keys, tokenmix entry or {}, layout)`` from any supported checkpoint object;
+    layout: ``tokenmix`` (a Lightning checkpoint) or a ``backbones.foreign.LAYOUTS`` name."""
     if which not in ("teacher", "student"):
         raise ValueError(f"which must be 'teacher' or 'student', got {which!r}")
     if not isinstance(obj, Mapping):
@@ -182,19 +151,29 @@ def extract_backbone_state(obj: Any, which: str = "teacher", source: str = "chec
             raise CheckpointError(f"{source}: a {entry['kind']!r} Lightning checkpoint without '{prefix}*' keys; not "
                                   f"a tokenmix pretraining checkpoint (first keys: {list(sd)[:5]})")
         sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
-    elif isinstance(obj.get(which), Mapping):  # (b) official DINO training checkpoint
-        sd = _strip(_strip(obj[which], "module."), "backbone.")
-        sd = {k: v for k, v in sd.items() if not k.startswith("head.")}
-    elif isinstance(obj.get("model"), Mapping) and any(str(k).startswith("model.") for k in obj["model"]):
-        sd = {k[len("model."):]: v for k, v in obj["model"].items() if k.startswith("model.")}  # (d) detectron2
+        return dict(sd), entry, "tokenmix"
+    if isinstance(obj.get(which), Mapping):  # (b) DINO / DINOv2 training checkpoint: its backbone, no heads
+        sd = _backbone_part(_strip(obj[which], "module."), "backbone.")
+    elif isinstance(obj.get("model"), Mapping) and obj["model"]:  # (d) detectron2, (e) DINOv2 training, DeiT, MAE
+        sd = obj["model"]
+        for prefix in ("model.", f"{which}.backbone."):
+            if any(str(k).startswith(prefix) for k in sd):
+                sd = _backbone_part(sd, prefix)
+                break
     elif all(isinstance(v, torch.Tensor) for v in obj.values()) and obj:  # (a) plain state dict
         sd = _strip(_strip(dict(obj), "module."), "backbone.")
     else:
         raise CheckpointError(f"{source}: unrecognised checkpoint layout (top-level keys: {list(obj)[:8]}); "
                               "expected a ViT state dict, a DINO training checkpoint or a tokenmix .ckpt")
-    if is_torchvision_vit(sd):  # (d) torchvision keys, plain or from the detectron2 layout
-        sd = torchvision_vit_to_timm(sd, source)
-    return dict(sd), entry
+    sd, layout = filter_state_dict(sd, source)  # (a), (b), (d), (e): foreign keys -> ours
+    return sd, entry, layout
+
+
+def _backbone_part(sd: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """The ``prefix*`` tensors without the prefix, where there are any (heads and the other network dropped)."""
+    if not any(str(k).startswith(prefix) for k in sd):
+        return {k: v for k, v in sd.items() if not k.startswith("head.")}
+    return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
 
 
 def _sidecar_config(path: Path, sha256: str) -> Optional[BackboneConfig]:
@@ -224,13 +203,14 @@ class BackboneCheckpoint:
     recorded: bool                  # config written in the file (or its export sidecar), not inferred from shapes
     entry: dict = field(default_factory=dict)   # checkpoint["tokenmix"] ({} for foreign files)
     progress: dict = field(default_factory=dict)  # epoch / global_step / iteration where the file has them
+    layout: str = "tokenmix"        # "tokenmix" (a Lightning checkpoint) or a backbones.foreign.LAYOUTS name
 
     def build(self, strict: bool = True, **overrides: Any) -> TokenMixViT:
         """The recorded backbone with these weights; ``overrides``: config fields (``variant="lastvit"`` for weights
         that carry none, ``num_classes`` for a classifier) or runtime choices (``entmax_backend``)."""
         fields = {k: v for k, v in overrides.items() if k in _FIELDS}
         config = BackboneConfig.from_dict({**self.config.to_dict(), **fields}, str(self.path))
-        model = config.build(**{k: v for k, v in overrides.items() if k not in _FIELDS})
+        model = create_vit(**config.to_dict(), **{k: v for k, v in overrides.items() if k not in _FIELDS})
         self.load_into(model, strict=strict)
         return model
 
@@ -264,20 +244,32 @@ class BackboneCheckpoint:
         return {"missing": missing, "unexpected": unexpected}
 
 
-def read_checkpoint(path: str | Path, which: str = "teacher") -> BackboneCheckpoint:
-    """Read ``path`` once: sha256 of its bytes, weights-only deserialisation from memory, layout, config."""
+def read_checkpoint(path: str | Path, which: str = "teacher", arch: Optional[str] = None) -> BackboneCheckpoint:
+    """Read ``path`` once: sha256 of its bytes, weights-only deserialisation from memory (``.safetensors`` too),
+    layout, config: recorded (the file, its export sidecar), else that of timm model ``arch`` (a name that is not
+    a tokenmix arch: ``backbones.foreign.timm_config``), else inferred from the shapes."""
     path = Path(path)
+    named = timm_config(arch) if arch and arch not in ARCHS else None  # a wrong name fails before a large read
     data = read_file_bytes(path)
     sha256 = hashlib.sha256(data).hexdigest()
-    obj = safe_torch_load(data, name=str(path))
+    if data[8:10] == b'{"' and int.from_bytes(data[:8], "little") < len(data):  # safetensors: header size, JSON
+        from safetensors.torch import load as load_safetensors
+        try:
+            obj = load_safetensors(data)
+        except Exception as e:  # a truncated or foreign file: say which
+            raise CheckpointError(f"{path}: starts as a safetensors file but cannot be read ({e})") from e
+    else:
+        obj = safe_torch_load(data, name=str(path))
     del data
-    sd, entry = extract_backbone_state(obj, which, str(path))
+    sd, entry, layout = extract_backbone_state(obj, which, str(path))
     progress = {k: obj[k] for k in ("epoch", "global_step", "iteration") if isinstance(obj.get(k), int)}
     config = BackboneConfig.from_dict(entry["backbone"], str(path)) if entry else _sidecar_config(path, sha256)
     recorded = config is not None
+    if config is None and named is not None:
+        config = BackboneConfig.from_dict(named, f"{path} (timm model {arch})")
     if config is None:
         config = BackboneConfig.from_dict(infer_config(sd), f"{path} (inferred from shapes)")
-    return BackboneCheckpoint(path, sha256, sd, config, recorded, entry, progress)
+    return BackboneCheckpoint(path, sha256, sd, config, recorded, entry, progress, layout)
 
 
 def load_checkpoint(model: TokenMixViT, path: str | Path, strict: bool = True, which: str = "teacher") -> dict:
@@ -299,8 +291,14 @@ def infer_config(sd: Mapping[str, torch.Tensor]) -> dict[str, Any]:
             break
     else:
         raise CheckpointError(f"no known arch with embed_dim={dim}, depth={depth}, patch={patch}; "
-                              f"known: {', '.join(ARCHS)}")
+                              f"known: {', '.join(ARCHS)}. For a timm model's weights give its timm name "
+                              "(--arch <name>: read_checkpoint(path, arch=name))")
     config: dict[str, Any] = {"arch": name, "variant": "softmax"}
+    fc1 = sd.get("blocks.0.mlp.fc1.weight")
+    if fc1 is not None and fc1.shape[0] != 4 * dim:
+        raise CheckpointError(f"MLP width {fc1.shape[0]} is not 4 x {dim}: not a ViT the tokenmix backbone builds")
+    if "blocks.0.ls1.gamma" in sd:  # LayerScale (DINOv2, DeiT III); the init value only matters untrained
+        config["init_values"] = 1e-5
     side = int(math.isqrt(n_pos))
     if side * side == n_pos and side * patch != a["img_size"]:
         config["img_size"] = side * patch

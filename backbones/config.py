@@ -1,7 +1,7 @@
 """``BackboneConfig``: what rebuilds a backbone; every checkpoint tokenmix writes carries one as a plain dict.
 
     cfg = BackboneConfig("vit_test_patch8", "registers", num_registers=2)
-    model = cfg.build()                     # = create_vit(**cfg.to_dict())
+    model = create_vit(**cfg.to_dict())     # backbones.vit builds it (what BackboneCheckpoint.build does)
     assert model.backbone_config == cfg
     cfg.to_dict()                           # {'arch': 'vit_test_patch8', 'variant': 'registers', 'num_registers': 2}
     BackboneConfig.from_dict(ckpt["tokenmix"]["backbone"])   # CheckpointError on an unknown or missing field
@@ -25,11 +25,18 @@ ARCHS: dict[str, dict[str, int]] = {
     "vit_small_patch16": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, img_size=224),
     "vit_base_patch16": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, img_size=224),
     "vit_small_patch8": dict(patch_size=8, embed_dim=384, depth=12, num_heads=6, img_size=224),
+    "vit_large_patch16": dict(patch_size=16, embed_dim=1024, depth=24, num_heads=16, img_size=224),
+    "vit_huge_patch14": dict(patch_size=14, embed_dim=1280, depth=32, num_heads=16, img_size=224),
+    # DINOv2's shapes (a 37 x 37 position grid), so released weights load by their shapes (backbones/foreign.py)
+    "vit_small_patch14": dict(patch_size=14, embed_dim=384, depth=12, num_heads=6, img_size=518),
+    "vit_base_patch14": dict(patch_size=14, embed_dim=768, depth=12, num_heads=12, img_size=518),
+    "vit_large_patch14": dict(patch_size=14, embed_dim=1024, depth=24, num_heads=16, img_size=518),
     # the CPU demo (64 px scenes) and the test suite
     "vit_demo_patch8": dict(patch_size=8, embed_dim=128, depth=4, num_heads=2, img_size=64),
     "vit_test_patch8": dict(patch_size=8, embed_dim=32, depth=2, num_heads=2, img_size=32),
 }
 SHAPE_FIELDS = ("img_size", "patch_size", "embed_dim", "depth", "num_heads")
+POS_INTERP = (None, "timm")  # TokenMixViT.interpolate_pos_encoding
 _SEQUENCES = ("spec_blocks", "spec_components", "spec_norm_blocks", "spec_qkv_blocks")
 
 
@@ -55,12 +62,16 @@ class BackboneConfig:
     lastvit_reference: Optional[bool] = None
     alpha: Optional[float] = None                        # entmax_bisect
     bisect_iters: Optional[int] = None
+    init_values: Optional[float] = None                  # LayerScale (ls1/ls2.gamma: DINOv2, DeiT III); its init
+    pos_interp: Optional[str] = None                     # position-embedding resampling: None = DINO's, "timm"
     num_classes: int = 0                                 # classifier head (label-supervised); 0: features only
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
             raise ValueError(f"unknown arch '{self.arch}'; valid: {', '.join(ARCHS)}")
         object.__setattr__(self, "variant", parse_variant(self.variant).name)  # ValueError naming the valid ones
+        if self.pos_interp not in POS_INTERP:
+            raise ValueError(f"pos_interp must be one of {POS_INTERP}, got {self.pos_interp!r}")
         for name in _SEQUENCES:  # lists from YAML / checkpoints -> tuples (hashable, frozen)
             value = getattr(self, name)
             if value is not None:
@@ -98,9 +109,3 @@ class BackboneConfig:
 
     def replace(self, **changes: Any) -> "BackboneConfig":
         return dataclasses.replace(self, **changes)
-
-    def build(self, seed: Optional[int] = None, **runtime: Any):
-        """The backbone (``TokenMixViT``); ``runtime``: choices that are not part of the config (``entmax_backend``,
-        ``drop_path_rate``)."""
-        from .vit import create_vit  # vit.py imports this module
-        return create_vit(seed=seed, **self.to_dict(), **runtime)

@@ -2,7 +2,7 @@
 
 Notation (per query row): s = q k^T, z = c s - zmax with c = scale/2 (entmax-1.5) or scale (sparsemax), so
 max z = 0 and p = (z - tau)_+^2 (entmax-1.5) or (z - tau)_+ (sparsemax), tau in [-1, 0) (p <= 1 bounds it).
-Tensors are upper case, sizes and strides lower case (``triton_attention._signature`` relies on it). q/k/v/dO
+Tensors are upper case, sizes and strides lower case (``triton_plan._signature`` relies on it). q/k/v/dO
 rows are read through their strides (batch, head, row; the last dimension contiguous): no copies.
 
 The forward kernel and the helpers both directions share (tile loads and products below them:
@@ -221,7 +221,7 @@ if triton is not None:
                    TWO: tl.constexpr, MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr,
                    PASSES_BEFORE: tl.constexpr):
         """(tau, sum of g at tau, passes) per row, from t (-1 = zmax/2 - 1, as p <= 1, or _first_pass's, which
-        counts as PASSES_BEFORE = 1 pass; ``bench.loop_trips`` runs this loop the assumed passes minus that) and
+        counts as PASSES_BEFORE = 1 pass; ``kernel_model.loop_trips`` runs this loop the assumed passes minus that) and
         sgn (the side of tau t lies on, see _update). The register tiles' first pass (t = -1) stays in the loop:
         peeled, with a _gauss_root start, it cost more than it saved (docs/performance.md)."""
         tau = zero
@@ -281,79 +281,66 @@ if triton is not None:
         return acc, acc_g, g_sum
 
     @triton.jit
-    def _fwd_kernel(Q, K, V, O, OG, STATS, PASSES, scale, n, m, heads,
-                    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
-                    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    MID_N: tl.constexpr, LAST_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                    ENTMAX: tl.constexpr, SINGLE: tl.constexpr, TWO: tl.constexpr, NEED_OG: tl.constexpr,
-                    COUNT: tl.constexpr, MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr):
-        """O = sum p v per query row of one (query block, batch*head); (zmax, tau) to STATS; with NEED_OG also
-        OG = sum g v / sum g (the backward's delta); with COUNT the threshold passes per row to PASSES.
-        SINGLE: the row's scores stay in registers (q k^T once): one tile of BLOCK_N keys, or with TWO two
-        (keys 0..BLOCK_N and BLOCK_N..BLOCK_N + MID_N, so that p and g of one tile are 16-bit tiles beside the
-        fp32 scores without spilling), and where LAST_N < BLOCK_N a third of LAST_N keys after them (widths:
-        ``triton_attention._tiles``, as few padded keys as powers of two allow: each pass works on every key
-        held); else every pass recomputes q k^T block by block, the last block LAST_N keys wide (the power of
-        two >= 16 that holds the keys left: 32 for N = 785 rather than 64)."""
-        bh = tl.program_id(1)
-        b, h = bh // heads, bh % heads
-        start_m = tl.program_id(0) * BLOCK_M
-        q = _rows(Q, b * sq_b + h * sq_h, sq_n, start_m, n, BLOCK_M, BLOCK_D, D)
-        k_off, v_off = b * sk_b + h * sk_h, b * sv_b + h * sv_h
-        coef = scale * 0.5 if ENTMAX else scale
-        zero = tl.zeros([BLOCK_M], dtype=tl.float32)
-        # block-wise rows: the blocks before ``stop`` run unmasked in the loops, then the one at ``last`` masked
-        # (exact fp32: every block masked in the loop, which then ends at m: peeled, it took a stack frame)
-        last = (m - 1) // BLOCK_N * BLOCK_N
-        stop = m if PREC == "ieee" else last
-        if SINGLE:  # raw row max first, then z = coef s - coef max in one FMA per score
-            s_a = _scores(q, K, k_off, sk_n, 0, m, BLOCK_N, BLOCK_D, D, PREC, not TWO)  # with TWO: m > BLOCK_N
-            smax = tl.max(s_a, 1)
-            if TWO:
-                s_b = _scores(q, K, k_off, sk_n, BLOCK_N, m, MID_N, BLOCK_D, D, PREC, LAST_N == BLOCK_N)
-                smax = tl.maximum(smax, tl.max(s_b, 1))
-                if LAST_N < BLOCK_N:
-                    s_c = _scores(q, K, k_off, sk_n, BLOCK_N + MID_N, m, LAST_N, BLOCK_D, D, PREC, True)
-                    smax = tl.maximum(smax, tl.max(s_c, 1))
-            zc = smax * coef
-            z_a = s_a * coef - zc[:, None]
-            z_b, z_c = z_a, z_a
-            if TWO:
-                z_b = s_b * coef - zc[:, None]
-                if LAST_N < BLOCK_N:
-                    z_c = s_c * coef - zc[:, None]
-            t, sgn = zero - 1.0, zero + 1.0
-        else:  # the row max and a first threshold pass in one sweep
-            zc, t, sgn = _first_pass(q, K, k_off, sk_n, m, last, stop, coef, zero, BLOCK_N, LAST_N, BLOCK_D,
-                                           D, ENTMAX, PREC)
-            z_a, z_b, z_c = zc, zc, zc
-        tau, g_sum, passes = _threshold(z_a, z_b, z_c, t, sgn, q, K, k_off, sk_n, m, last, stop, coef, zc, zero,
-                                        BLOCK_M, BLOCK_N, MID_N, LAST_N, BLOCK_D, D, ENTMAX, SINGLE, TWO, MAX_PASSES,
-                                        PREC, FUSED, 0 if SINGLE else 1)
-        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-        acc_g = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-        if SINGLE:  # g_sum: from the threshold's last pass
-            acc, acc_g, g_sum = _add_values(z_a, 1.0, tau, _rows(V, v_off, sv_n, 0, m, BLOCK_N, BLOCK_DV, DV), acc,
-                                            acc_g, g_sum, NEED_OG, ENTMAX, PREC, False)
-            if TWO:
-                v_b = _rows(V, v_off, sv_n, BLOCK_N, m, MID_N, BLOCK_DV, DV)
-                acc, acc_g, g_sum = _add_values(z_b, 1.0, tau, v_b, acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC, False)
-                if LAST_N < BLOCK_N:
-                    v_c = _rows(V, v_off, sv_n, BLOCK_N + MID_N, m, LAST_N, BLOCK_DV, DV)
-                    acc, acc_g, g_sum = _add_values(z_c, 1.0, tau, v_c, acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC,
-                                                    False)
-        else:  # the blocks before the last unmasked, then the last
-            w, tau = _fold(zc, tau, PREC)  # tau: the threshold these blocks use, as each pass's, for the backward
-            for start in range(0, stop, BLOCK_N):
-                acc, acc_g, g_sum = _block_values(q, K, V, k_off, sk_n, v_off, sv_n, start, m, coef, zc, w, acc,
-                                                  acc_g, g_sum, BLOCK_N, BLOCK_D, BLOCK_DV, D, DV, NEED_OG, ENTMAX,
-                                                  PREC, PREC == "ieee")
-            if PREC != "ieee":
-                acc, acc_g, g_sum = _block_values(q, K, V, k_off, sk_n, v_off, sv_n, last, m, coef, zc, w, acc,
-                                                  acc_g, g_sum, LAST_N, BLOCK_D, BLOCK_DV, D, DV, NEED_OG, ENTMAX,
-                                                  PREC, True)
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        offs_dv = tl.arange(0, BLOCK_DV)
+    def _tile_z(q, K, k_off, sk_n, m, coef, BLOCK_N: tl.constexpr, MID_N: tl.constexpr, LAST_N: tl.constexpr,
+                BLOCK_D: tl.constexpr, D: tl.constexpr, TWO: tl.constexpr, PREC: tl.constexpr):
+        """(z_a, z_b, z_c, coef max) of the register tiles (see _fwd_kernel): the raw row max first, then
+        z = coef s - coef max in one FMA per score; tiles a row lacks repeat z_a (never read)."""
+        s_a = _scores(q, K, k_off, sk_n, 0, m, BLOCK_N, BLOCK_D, D, PREC, not TWO)  # with TWO: m > BLOCK_N
+        smax = tl.max(s_a, 1)
+        if TWO:
+            s_b = _scores(q, K, k_off, sk_n, BLOCK_N, m, MID_N, BLOCK_D, D, PREC, LAST_N == BLOCK_N)
+            smax = tl.maximum(smax, tl.max(s_b, 1))
+            if LAST_N < BLOCK_N:
+                s_c = _scores(q, K, k_off, sk_n, BLOCK_N + MID_N, m, LAST_N, BLOCK_D, D, PREC, True)
+                smax = tl.maximum(smax, tl.max(s_c, 1))
+        zc = smax * coef
+        z_a = s_a * coef - zc[:, None]
+        z_b, z_c = z_a, z_a
+        if TWO:
+            z_b = s_b * coef - zc[:, None]
+            if LAST_N < BLOCK_N:
+                z_c = s_c * coef - zc[:, None]
+        return z_a, z_b, z_c, zc
+
+    @triton.jit
+    def _tile_values(z_a, z_b, z_c, tau, V, v_off, sv_n, m, acc, acc_g, g_sum, BLOCK_N: tl.constexpr,
+                     MID_N: tl.constexpr, LAST_N: tl.constexpr, BLOCK_DV: tl.constexpr, DV: tl.constexpr,
+                     TWO: tl.constexpr, NEED_OG: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr):
+        """acc, acc_g, g_sum with the register tiles' sum p v (and sum g v) added."""
+        acc, acc_g, g_sum = _add_values(z_a, 1.0, tau, _rows(V, v_off, sv_n, 0, m, BLOCK_N, BLOCK_DV, DV), acc,
+                                        acc_g, g_sum, NEED_OG, ENTMAX, PREC, False)
+        if TWO:
+            v_b = _rows(V, v_off, sv_n, BLOCK_N, m, MID_N, BLOCK_DV, DV)
+            acc, acc_g, g_sum = _add_values(z_b, 1.0, tau, v_b, acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC, False)
+            if LAST_N < BLOCK_N:
+                v_c = _rows(V, v_off, sv_n, BLOCK_N + MID_N, m, LAST_N, BLOCK_DV, DV)
+                acc, acc_g, g_sum = _add_values(z_c, 1.0, tau, v_c, acc, acc_g, g_sum, NEED_OG, ENTMAX, PREC, False)
+        return acc, acc_g, g_sum
+
+    @triton.jit
+    def _blockwise_values(q, K, V, k_off, sk_n, v_off, sv_n, m, last, stop, coef, zc, tau, acc, acc_g, g_sum,
+                          BLOCK_N: tl.constexpr, LAST_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                          BLOCK_DV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, NEED_OG: tl.constexpr,
+                          ENTMAX: tl.constexpr, PREC: tl.constexpr):
+        """acc, acc_g, g_sum with the key blocks' sum p v (sum g v) added, q k^T recomputed (the blocks before the
+        last unmasked, then the last); and tau as these blocks use it (as each pass's, for the backward)."""
+        w, tau = _fold(zc, tau, PREC)
+        for start in range(0, stop, BLOCK_N):
+            acc, acc_g, g_sum = _block_values(q, K, V, k_off, sk_n, v_off, sv_n, start, m, coef, zc, w, acc,
+                                              acc_g, g_sum, BLOCK_N, BLOCK_D, BLOCK_DV, D, DV, NEED_OG, ENTMAX,
+                                              PREC, PREC == "ieee")
+        if PREC != "ieee":
+            acc, acc_g, g_sum = _block_values(q, K, V, k_off, sk_n, v_off, sv_n, last, m, coef, zc, w, acc,
+                                              acc_g, g_sum, LAST_N, BLOCK_D, BLOCK_DV, D, DV, NEED_OG, ENTMAX,
+                                              PREC, True)
+        return acc, acc_g, g_sum, tau
+
+    @triton.jit
+    def _store_rows(O, OG, STATS, PASSES, b, h, bh, n, so_b, so_h, so_n, start_m, acc, acc_g, g_sum, zc, tau,
+                    passes, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, DV: tl.constexpr,
+                    NEED_OG: tl.constexpr, COUNT: tl.constexpr):
+        """O (and OG = acc_g / g_sum), the rows' (zmax, tau) and (COUNT) their passes."""
+        offs_m, offs_dv = start_m + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_DV)
         out_mask = (offs_m[:, None] < n) & (offs_dv[None, :] < DV)
         tl.store(O + b * so_b + h * so_h + offs_m[:, None] * so_n + offs_dv[None, :], acc.to(O.dtype.element_ty),
                  mask=out_mask)
@@ -365,3 +352,49 @@ if triton is not None:
         tl.store(STATS + (bh * n + offs_m) * 2 + 1, tau, mask=row)
         if COUNT:
             tl.store(PASSES + bh * n + offs_m, passes, mask=row)
+
+    @triton.jit
+    def _fwd_kernel(Q, K, V, O, OG, STATS, PASSES, scale, n, m, heads,
+                    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+                    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    MID_N: tl.constexpr, LAST_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                    ENTMAX: tl.constexpr, SINGLE: tl.constexpr, TWO: tl.constexpr, NEED_OG: tl.constexpr,
+                    COUNT: tl.constexpr, MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr):
+        """O = sum p v per query row of one (query block, batch*head); (zmax, tau) to STATS; with NEED_OG also
+        OG = sum g v / sum g (the backward's delta); with COUNT the threshold passes per row to PASSES. SINGLE: the
+        row's scores stay in registers (q k^T once): one tile of BLOCK_N keys, or with TWO two (keys 0..BLOCK_N and
+        BLOCK_N..BLOCK_N + MID_N, so that p and g of one tile are 16-bit tiles beside the fp32 scores without
+        spilling), and where LAST_N < BLOCK_N a third of LAST_N keys after them (widths: ``triton_plan._tiles``, as
+        few padded keys as powers of two allow: each pass works on every key held); else every pass recomputes
+        q k^T block by block, the last block LAST_N keys wide (the power of two >= 16 holding the keys left)."""
+        bh = tl.program_id(1)
+        b, h = bh // heads, bh % heads
+        start_m = tl.program_id(0) * BLOCK_M
+        q = _rows(Q, b * sq_b + h * sq_h, sq_n, start_m, n, BLOCK_M, BLOCK_D, D)
+        k_off, v_off = b * sk_b + h * sk_h, b * sv_b + h * sv_h
+        coef = scale * 0.5 if ENTMAX else scale
+        zero = tl.zeros([BLOCK_M], dtype=tl.float32)
+        # block-wise rows: the blocks before ``stop`` run unmasked in the loops, then the one at ``last`` masked
+        # (exact fp32: every block masked in the loop, which then ends at m: peeled, it took a stack frame)
+        last = (m - 1) // BLOCK_N * BLOCK_N
+        stop = m if PREC == "ieee" else last
+        if SINGLE:
+            z_a, z_b, z_c, zc = _tile_z(q, K, k_off, sk_n, m, coef, BLOCK_N, MID_N, LAST_N, BLOCK_D, D, TWO, PREC)
+            t, sgn = zero - 1.0, zero + 1.0
+        else:  # the row max and a first threshold pass in one sweep
+            zc, t, sgn = _first_pass(q, K, k_off, sk_n, m, last, stop, coef, zero, BLOCK_N, LAST_N, BLOCK_D,
+                                     D, ENTMAX, PREC)
+            z_a, z_b, z_c = zc, zc, zc
+        tau, g_sum, passes = _threshold(z_a, z_b, z_c, t, sgn, q, K, k_off, sk_n, m, last, stop, coef, zc, zero,
+                                        BLOCK_M, BLOCK_N, MID_N, LAST_N, BLOCK_D, D, ENTMAX, SINGLE, TWO, MAX_PASSES,
+                                        PREC, FUSED, 0 if SINGLE else 1)
+        acc, acc_g = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32), tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+        if SINGLE:  # g_sum: from the threshold's last pass
+            acc, acc_g, g_sum = _tile_values(z_a, z_b, z_c, tau, V, v_off, sv_n, m, acc, acc_g, g_sum, BLOCK_N,
+                                             MID_N, LAST_N, BLOCK_DV, DV, TWO, NEED_OG, ENTMAX, PREC)
+        else:
+            acc, acc_g, g_sum, tau = _blockwise_values(q, K, V, k_off, sk_n, v_off, sv_n, m, last, stop, coef, zc,
+                                                       tau, acc, acc_g, g_sum, BLOCK_N, LAST_N, BLOCK_D, BLOCK_DV,
+                                                       D, DV, NEED_OG, ENTMAX, PREC)
+        _store_rows(O, OG, STATS, PASSES, b, h, bh, n, so_b, so_h, so_n, start_m, acc, acc_g, g_sum, zc, tau, passes,
+                    BLOCK_M, BLOCK_DV, DV, NEED_OG, COUNT)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from timm.layers import trunc_normal_
+from timm.layers import resample_abs_pos_embed, trunc_normal_
 from timm.models.vision_transformer import VisionTransformer
 
 from .attention import attention_layer
@@ -66,7 +66,8 @@ class TokenMixViT(VisionTransformer):
                  spec_norm_blocks: Optional[Sequence[int]] = None, spec_qkv_blocks: Optional[Sequence[int]] = None,
                  lastvit_k: int = 1, lastvit_sigma: Optional[float] = None, alpha: float = 1.5,
                  bisect_iters: int = 50, entmax_backend: str = DEFAULT_BACKEND, lastvit_reference: bool = False,
-                 num_classes: int = 0, linear_backend: str = "auto", **vit_kwargs: Any) -> None:
+                 num_classes: int = 0, linear_backend: str = "auto", pos_interp: Optional[str] = None,
+                 **vit_kwargs: Any) -> None:
         spec = parse_variant(variant)
         rule = STRATEGY_RULES[spec.strategy]
         knobs = dict(num_registers=num_registers, lastvit_k=lastvit_k, lastvit_sigma=lastvit_sigma,
@@ -81,7 +82,7 @@ class TokenMixViT(VisionTransformer):
                                entmax_backend=entmax_backend)
         super().__init__(num_classes=num_classes, global_pool="token", qkv_bias=True, mlp_ratio=4.0,
                          dynamic_img_size=True, attn_layer=attn, **vit_kwargs)
-        self.arch, self.variant, self.spec = arch, spec.name, spec
+        self.arch, self.variant, self.spec, self.pos_interp = arch, spec.name, spec, pos_interp
         self.patch_size = self.patch_embed.patch_size[0]
         self.depth = len(self.blocks)
         self.num_heads = self.blocks[0].attn.num_heads
@@ -98,7 +99,8 @@ class TokenMixViT(VisionTransformer):
 
         recorded = rule.knobs + NORMALIZER_KNOBS.get(spec.normalizer, ())
         self.backbone_config = BackboneConfig(arch, spec.name, **self._shape_overrides(arch),
-                                              **{k: knobs[k] for k in recorded}, num_classes=num_classes)
+                                              **{k: knobs[k] for k in recorded}, num_classes=num_classes,
+                                              init_values=vit_kwargs.get("init_values"), pos_interp=pos_interp)
         # the plain dict of the config (results.json, logs); num_classes only with a classifier head
         self.config: dict[str, Any] = self.backbone_config.to_dict()
 
@@ -112,12 +114,16 @@ class TokenMixViT(VisionTransformer):
 
     # -- tokens -------------------------------------------------------------------------------------
     def interpolate_pos_encoding(self, gh: int, gw: int) -> torch.Tensor:
-        """DINO's bicubic interpolation of the patch position embeddings (same +0.1 scale offset)."""
+        """DINO's (and DINOv2's) bicubic interpolation of the patch position embeddings (same +0.1 scale
+        offset); ``pos_interp="timm"``: timm's ``resample_abs_pos_embed`` (output size, antialiased), as timm's
+        ``dynamic_img_size`` forward of checkpoints given by a timm model name (``backbones/foreign.py``)."""
         pos = self.pos_embed
         n = pos.shape[1] - 1
         side = int(math.sqrt(n))
         if gh * gw == n and gh == gw:
             return pos
+        if self.pos_interp == "timm":
+            return resample_abs_pos_embed(pos, new_size=(gh, gw), old_size=(side, side), num_prefix_tokens=1)
         patch_pos = pos[:, 1:].reshape(1, side, side, -1).permute(0, 3, 1, 2)
         patch_pos = F.interpolate(patch_pos.float(), scale_factor=((gh + 0.1) / side, (gw + 0.1) / side),
                                   mode="bicubic").to(pos.dtype)

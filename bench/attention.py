@@ -21,6 +21,8 @@ from typing import Callable
 
 import torch
 
+from bench.harness import machine_description, sync
+
 REPO = Path(__file__).resolve().parents[1]
 FULL = dict(arch="vit_small_patch16", img=224, batch=8, repeats=7)
 QUICK = dict(arch="vit_test_patch8", img=32, batch=2, repeats=2, quick=True)
@@ -85,19 +87,9 @@ def _set_normalizer(model: torch.nn.Module, kind: str | None, backend: str = "au
             blk.attn.__dict__.pop("forward", None)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _step(model: torch.nn.Module, x: torch.Tensor) -> None:
     model(x).float().pow(2).mean().backward()  # any scalar of the [CLS] output: the DINO head's input
     model.zero_grad(set_to_none=False)
-
-
-def _machine(device: torch.device) -> dict:
-    from bench.run import machine_description
-    return machine_description(device)
 
 
 def _time_side_by_side(fns: dict[str, Callable[[], None]], repeats: int,
@@ -109,10 +101,10 @@ def _time_side_by_side(fns: dict[str, Callable[[], None]], repeats: int,
     times = {k: {"wall": [], "cpu": []} for k in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            _sync(device)
+            sync(device)
             t0, c0 = time.perf_counter(), time.process_time()
             fn()
-            _sync(device)
+            sync(device)
             times[name]["wall"].append(time.perf_counter() - t0)
             times[name]["cpu"].append(time.process_time() - c0)
     return times
@@ -306,7 +298,7 @@ def run(quick: bool = False, device: str | None = None) -> dict:
         else:
             row.update(value=None, ratio=None, note=v)
         rows.append(row)
-    return {"comparison": "attention", "config": cfg, "device": str(dev), "machine": _machine(dev),
+    return {"comparison": "attention", "config": cfg, "device": str(dev), "machine": machine_description(dev),
             "threads": torch.get_num_threads(), "rows": rows, **({"note": note} if note else {})}
 
 

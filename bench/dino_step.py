@@ -1,4 +1,4 @@
-"""One DINO training step, images/s: the transcribed main_dino.py step (``bench.official_main_dino``) vs
+"""One DINO training step, images/s: the transcribed main_dino.py step (``official.main_dino``) vs
 DINOPretrainModule (eager and ``compile=True``) under a real ``Trainer.fit``, softmax and entmax-1.5, interleaved.
 
 ``run(quick=False) -> {"rows": [...]}``. The issue's configuration: ViT-S/16, out_dim 65536, norm_last_layer
@@ -31,8 +31,8 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
-from bench import official_main_dino, official_vit
 from lightning_modules.dino_module import DINOPretrainModule
+from official import main_dino as official_main_dino, vit as official_vit
 
 FULL = dict(arch="vit_small_patch16", out_dim=65536, batch=8, global_size=224, local_size=96, n_local=8,
             warmup=2, rounds=5, compile=True)
@@ -86,7 +86,7 @@ def first_step(paths: dict) -> dict:
 
 
 def official_pair(module: DINOPretrainModule, variant: str):
-    """(student, teacher) of the transcribed main_dino.py (``bench.official_main_dino``) shaped as ``module``'s
+    """(student, teacher) of the transcribed main_dino.py (``official.main_dino``) shaped as ``module``'s
     and starting from its student's weights (strict load: the same parameter names). entmax: the official
     ``Attention``'s softmax replaced by the ``entmax`` library's ``entmax15`` (the official code has no entmax)."""
     hp, bb = module.hparams, module.student.backbone
@@ -110,7 +110,7 @@ def official_pair(module: DINOPretrainModule, variant: str):
 
 
 class PlainStep:
-    """The transcribed main_dino.py ``train_one_epoch`` iteration (``bench.official_main_dino``): the official
+    """The transcribed main_dino.py ``train_one_epoch`` iteration (``official.main_dino``): the official
     ViT, head, loss, for-loop AdamW, per-parameter clipping and EMA loop; no project code on the step's path.
     ``precision``: "32-true", "bf16-mixed" (autocast) or "16-mixed" (autocast + GradScaler, main_dino.py's
     ``--use_fp16``)."""

@@ -25,7 +25,7 @@ from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
 from bench.multicrop import photo_like
-from datamodules.base import image_tensor, load_rgb
+from datamodules.datasets.base import image_tensor, load_rgb
 from datamodules.pretraining import DecodedMultiCropDataset, MultiCropDataset
 from datamodules.transforms.batched import BatchedMultiCrop, collate_decoded, unpack_params
 from datamodules.transforms.multicrop import MultiCropTransform, make_config

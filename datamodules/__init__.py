@@ -8,22 +8,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .ade20k import ADE20KDataset
-from .base import IGNORE_INDEX, BaseDataset
-from .cityscapes import CityscapesDataset
-from .custom_depth import CustomDepthDataset
-from .custom_seg import CustomSegDataset
+from .datasets.ade20k import ADE20KDataset
+from .datasets.base import IGNORE_INDEX, BaseDataset
+from .datasets.cityscapes import CityscapesDataset
+from .datasets.custom_depth import CustomDepthDataset
+from .datasets.custom_seg import CustomSegDataset
+from .datasets.folder import FolderDataset
+from .datasets.imagefolder import ImageFolderDataset
+from .datasets.imagenet import ImageNetDataset
+from .datasets.kitti import KITTIDataset
+from .datasets.nyuv2 import NYUv2Dataset
+from .datasets.sunrgbd import SUNRGBDDataset
+from .datasets.voc import VOC07Dataset, VOCAugDataset, VOCDataset
 from .demo.layouts import seg_palette
+from .demo.names import DEMO_DATASETS, demo_dataset, is_demo
 from .demo.scenes import SEG_CLASSES
 from .errors import (CorruptFileError, DatasetError, DepthFormatError, EmptyDatasetError, LabelRangeError,
                      MissingDataError, SampleError, SizeMismatchError, SplitFileError, UnknownDatasetError)
-from .folder import FolderDataset
-from .imagefolder import ImageFolderDataset
-from .imagenet import ImageNetDataset
-from .kitti import KITTIDataset
-from .nyuv2 import NYUv2Dataset
-from .sunrgbd import SUNRGBDDataset
-from .voc import VOC07Dataset, VOCAugDataset, VOCDataset
 
 
 # --- the demo datasets: the real loaders pointed at the generated data (make demo-data) -------------------
@@ -61,7 +62,6 @@ DATASET_NAMES = tuple(DATASETS)
 # depth benchmarks only have a test split: a probe asking for "val" gets it
 SPLIT_ALIASES = {"nyuv2": {"val": "test"}, "demo_nyu": {"val": "test"}, "kitti": {"val": "test"},
                  "custom_depth": {"test": "val"}, "custom_seg": {"test": "val"}}
-_DEMO_SUBDIR = {"demo_cls": "imagefolder", "demo_voc": "", "demo_nyu": "nyu"}
 
 
 def canonical_name(name: str) -> str:
@@ -76,7 +76,7 @@ def canonical_name(name: str) -> str:
 def _demo_root(name: str, root) -> Path:
     from tokenmix.paths import DEMO_ROOT
     base = Path(root) if root not in (None, "") else DEMO_ROOT
-    sub = _DEMO_SUBDIR[name]
+    sub = DEMO_DATASETS[name]
     if sub and (base / sub).is_dir():
         return base / sub
     if not base.exists():
@@ -87,8 +87,9 @@ def _demo_root(name: str, root) -> Path:
 
 def resolve_data(data: str, data_root, demo: str) -> tuple[str, Path]:
     """(dataset name, root) that a DATA / DATA_ROOT pair names. DATA ``demo`` (or ''): the generated dataset ``demo``
-    (e.g. "demo_voc") in DATA_ROOT when given (an existing demo folder, e.g. a smaller one the tests generate), else
-    in data/demo (generated on first use, ``make demo-data``). A real dataset needs DATA_ROOT.
+    (e.g. "demo_voc"; a DATA that names a demo dataset itself, e.g. "demo_nyu": that one; the rule is ``is_demo``)
+    in DATA_ROOT when given (an existing demo folder, e.g. a smaller one the tests generate), else in data/demo
+    (generated on first use, ``make demo-data``). A real dataset needs DATA_ROOT.
 
     >>> resolve_data("voc", "", "demo_voc")
     Traceback (most recent call last):
@@ -96,11 +97,12 @@ def resolve_data(data: str, data_root, demo: str) -> tuple[str, Path]:
     datamodules.errors.MissingDataError: --data voc needs --data-root (DATA_ROOT=/path): ...
     """
     data = (data or "demo").strip()
-    if data == "demo":
+    if is_demo(data):
+        demo = demo_dataset(data, demo)
         if data_root:
             root = Path(data_root).expanduser()
             if not (root / "classes.json").is_file():
-                raise MissingDataError(f"--data demo --data-root {root}: not a demo data folder (no classes.json). "
+                raise MissingDataError(f"--data {data} --data-root {root}: not a demo data folder (no classes.json). "
                                        "Leave DATA_ROOT empty to use/generate data/demo (make demo-data).")
             return demo, root
         from .demo import ensure_demo_data
@@ -116,7 +118,7 @@ def resolve_data(data: str, data_root, demo: str) -> tuple[str, Path]:
 def build_dataset(name: str, root, split: str, transform=None, **kw) -> BaseDataset:
     """Open dataset ``name`` (see DATASET_NAMES) at ``root`` ('' / None: error, except demo_* -> data/demo)."""
     key = canonical_name(name)
-    if key.startswith("demo_"):
+    if is_demo(key):
         root = _demo_root(key, root)
     split = SPLIT_ALIASES.get(key, {}).get(split, split)
     return DATASETS[key](root, split, transform=transform, **kw)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .datamodule_base import DenseDataModule
+from .demo.names import demo_dataset
 from .transforms import depth_config
 
 
@@ -15,8 +16,8 @@ class DepthDataModule(DenseDataModule):
                  train_data: str | None = None, train_root: str | None = None, **kw):
         self.train_data, self.train_root = train_data, train_root
         super().__init__(data, data_root, val_split=val_split, **kw)
-        if self.data != "custom_depth":  # custom_depth carries its own settings (datamodules/custom_depth.py)
-            depth_config(self.data if not self.data.startswith("demo") else "demo_nyu")  # a non-depth name fails now
+        if self.data != "custom_depth":  # custom_depth carries its own settings (datamodules/datasets/custom_depth.py)
+            depth_config(demo_dataset(self.data, "demo_nyu"))  # a non-depth name fails now
 
     def _build(self, split, train=False):
         if train and self.train_data:

@@ -11,31 +11,32 @@ from ``global_step`` makes that restore unnecessary. Lightning's ``limit_train_b
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from datamodules.demo.names import DEMO, demo_dataset, is_demo
 from datamodules.transforms.batched import BatchedMultiCrop, DecodedBatch, collate_decoded, pack_params
 from datamodules.transforms.multicrop import MultiCropTransform, make_config, sample_generator
 from datamodules.transforms.views import eval_resize, eval_view, normalize
 
-DEMO = "demo"
 AUGMENT_ON = ("auto", "gpu", "cpu")
-FOLDER = "folder"  # any folder of images, no labels (datamodules/folder.py)
+FOLDER = "folder"  # any folder of images, no labels (datamodules/datasets/folder.py)
 
 
 def load_split(data: str, data_root: str, split: str, unlabeled: bool = False, **folder) -> Dataset:
-    """Dict-item dataset (uint8 "image" (3,H,W), int "label") for ``data`` in {demo, folder, <registered name>}.
+    """Dict-item dataset (uint8 "image" (3,H,W), int "label") for ``data`` in {demo, folder, <registered name>};
+    demo (``is_demo``): ``demo_cls``, or the demo dataset ``data`` names, generated in DATA_ROOT or data/demo.
     ``unlabeled``: a dataset without labels (folder, segmentation, depth) is accepted, its items labelled -1.
     ``folder``: the options of DATA=folder (file_list, verify, max_corrupt, index_dir: ``open_folder``)."""
-    if data == DEMO:
+    from datamodules import build_dataset
+    from datamodules.datasets.imagenet import ImageNetDataset
+    if is_demo(data):
         from datamodules.demo import ensure_demo_data
-        from datamodules.imagenet import ImageNetDataset  # the demo data is an ImageFolder of PNGs
-        root = ensure_demo_data(data_root or None)
-        return ImageNetDataset(Path(root) / "imagefolder", split)
+        ds = build_dataset(demo_dataset(data, "demo_cls"), ensure_demo_data(data_root or None), split)
+        return Unlabeled(ds) if unlabeled and not isinstance(ds, ImageNetDataset) else ds
     if not data_root:
         from datamodules.errors import MissingDataError
         raise MissingDataError(
@@ -44,8 +45,6 @@ def load_split(data: str, data_root: str, split: str, unlabeled: bool = False, *
             "Use DATA=demo for the built-in demo data.")
     if data == FOLDER:
         return open_folder(data_root, **folder)
-    from datamodules import build_dataset
-    from datamodules.imagenet import ImageNetDataset
     ds = build_dataset(data, data_root, split)
     return Unlabeled(ds) if unlabeled and not isinstance(ds, ImageNetDataset) else ds
 
@@ -53,8 +52,8 @@ def load_split(data: str, data_root: str, split: str, unlabeled: bool = False, *
 def open_folder(data_root: str, file_list: Optional[str] = None, verify: bool = False, max_corrupt: float = 0.01,
                 index_dir: str = "") -> Dataset:
     """DATA=folder: rank 0 (the launching process) scans once and caches the index in ``index_dir`` (beside the
-    run); the other ranks read that file. See datamodules/folder.py."""
-    from datamodules.folder import FolderDataset, open_index
+    run); the other ranks read that file. See datamodules/datasets/folder.py."""
+    from datamodules.datasets.folder import FolderDataset, open_index
     index, path = open_index(data_root, file_list=file_list or None, verify=verify, index_dir=index_dir,
                              max_corrupt=max_corrupt)
     return FolderDataset(data_root, index=index, index_path=path, max_corrupt=max_corrupt)
@@ -177,7 +176,7 @@ class DINOPretrainDataModule(pl.LightningDataModule):
             ``on_after_batch_transfer`` on the batch's device; ``cpu``: workers make the crops
             (``MultiCropTransform``); ``auto`` (default): gpu when the trainer runs on CUDA, else cpu.
         val_split: split used for k-NN tests and the TensorBoard images (DATA=folder: the training images).
-        file_list / verify / max_corrupt / index_dir: DATA=folder only (datamodules/folder.py): a text file of
+        file_list / verify / max_corrupt / index_dir: DATA=folder only (datamodules/datasets/folder.py): a text file of
             image paths instead of the scan; decode every file while scanning; the share of unreadable files
             that stops the run; where the index is cached (``make pretrain`` sets it beside the run).
     """
@@ -225,7 +224,7 @@ class DINOPretrainDataModule(pl.LightningDataModule):
     def same_index_on_every_rank(self) -> None:
         """DATA=folder under DDP: every rank trains on rank 0's index (a rank a cluster launcher started may have
         read an older cache before rank 0 rewrote it: it reads it again). A collective: every rank calls it."""
-        from datamodules.folder import FolderDataset, read_index
+        from datamodules.datasets.folder import FolderDataset, read_index
         if not isinstance(self._train, FolderDataset) or self.trainer is None or self.trainer.world_size == 1:
             return
         sha = self.trainer.strategy.broadcast(self._train.index["sha256"], src=0)
@@ -239,7 +238,7 @@ class DINOPretrainDataModule(pl.LightningDataModule):
 
     def data_report(self) -> dict:
         """What summary.json records about the data: DATA=folder's index and its unreadable files."""
-        from datamodules.folder import FolderDataset
+        from datamodules.datasets.folder import FolderDataset
         return {"data_index": self._train.report()} if isinstance(self._train, FolderDataset) else {}
 
     def train_dataloader(self) -> DataLoader:

@@ -17,7 +17,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.transforms import InterpolationMode
 
-from datamodules.pretraining import DEMO, ResumableBatchSampler, load_split
+from datamodules.demo.names import DEMO
+from datamodules.pretraining import ResumableBatchSampler, load_split
 from datamodules.transforms.classification import RandomHorizontalFlip, RandomResizedCrop, ResizeCenterCrop
 from datamodules.transforms.common import Normalize
 from datamodules.transforms.multicrop import sample_generator

@@ -51,7 +51,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="DINO evaluates and releases the teacher")
     a = p.parse_args(argv)
     try:
-        ckpt = Path(a.ckpt) if a.ckpt else paths.latest_pretrain_checkpoint(a.variant)
+        ckpt = Path(a.ckpt) if a.ckpt else paths.latest_checkpoint(a.variant)
         out = Path(a.out) if a.out else paths.RUNS / a.variant / "export" / f"{ckpt.stem}_{a.which}_backbone.pth"
         written = export(ckpt, out, a.which)
     except (CheckpointError, FileNotFoundError, ValueError) as e:

@@ -1,15 +1,19 @@
-"""``make pretrain``: DINO pretraining through LightningCLI.
+"""``make pretrain``: training through LightningCLI, DINO self-distillation or label-supervised classification.
 
-    python -m lightning_modules.pretrain --variant entmax --data demo [--data-root R] [--resume 1|PATH]
-        [--preset demo|paper|tiny] [--dist-timeout MIN] [any LightningCLI override, e.g. --trainer.max_epochs=5]
+    python -m lightning_modules.pretrain [--objective dino|supervised] --variant entmax --data demo
+        [--data-root R] [--resume 1|PATH] [--preset P|<yaml>] [--dist-timeout MIN]
+        [any LightningCLI override, e.g. --trainer.max_epochs=5]
 
-Config = configs/pretrain/<preset>.yaml (preset defaults: ``demo`` for DATA=demo, ``paper`` otherwise), then
+``--objective`` (``make pretrain OBJECTIVE=...``, default ``dino``) picks the LightningModule, the DataModule, the
+presets and the checkpoint kind (``OBJECTIVES``). Config = configs/pretrain/<preset>.yaml (DINO: ``demo`` for
+DATA=demo, ``paper`` otherwise, or ``tiny``; supervised: ``supervised_demo`` / ``supervised_paper``), then
 configs/variants/<part>.yaml for each part of the variant name (``entmax+lastvit`` -> entmax.yaml, lastvit.yaml),
 then the command-line overrides. Logs and checkpoints: runs/<variant>/pretrain/<preset>/version_N/.
 
-Before Lightning starts any other process this (launching) process checks the dataset layout, refuses
-``num_nodes > 1`` outside a cluster launcher, reads the node count from SLURM / torchrun when not given, and
-gives DDP a process-group timeout (``--dist-timeout``, minutes) so a world that never forms ends in an error.
+Before Lightning starts any other process this (launching) process checks the dataset layout and the RESUME
+checkpoint's kind, refuses ``num_nodes > 1`` outside a cluster launcher, reads the node count from SLURM / torchrun
+when not given, and gives DDP a process-group timeout (``--dist-timeout``, minutes) so a world that never forms
+ends in an error.
 """
 from __future__ import annotations
 
@@ -17,43 +21,108 @@ import argparse
 import re
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from backbones import parse_variant
+from datamodules.demo import is_demo
 from datamodules.errors import DatasetError
 from datamodules.pretraining import DINOPretrainDataModule
-from lightning_modules.checkpoint_io import AtomicCheckpointIO
+from datamodules.supervised import SupervisedDataModule
+from lightning_modules.callbacks.checkpoint_io import AtomicCheckpointIO, validate_pretrain_checkpoint
 from lightning_modules.dino_module import DINOPretrainModule, NonFiniteLossError
+from lightning_modules.supervised_module import SupervisedModule, validate_supervised_checkpoint
 from tokenmix import paths
-from tokenmix.io import CheckpointError
+from tokenmix.io import CheckpointError, safe_torch_load
 from tokenmix.precision import cpu_precision_args
-from tokenmix.launch import (DEFAULT_TIMEOUT_MIN, LaunchError, cluster_num_nodes, ddp_strategy, global_rank,
-                             install_stop_handlers, refuse_unlaunched_multinode, wants_sync_batchnorm)
+from tokenmix.launch import (DEFAULT_TIMEOUT_MIN, cluster_num_nodes, ddp_strategy, global_rank, install_stop_handlers,
+                             refuse_unlaunched_multinode, wants_sync_batchnorm)
 
 CONFIGS = paths.REPO / "configs"
-PRESETS = ("paper", "demo", "tiny")
 PAPER_TOTAL_BATCH = 1024  # 64 per GPU x 8 GPUs x 2 nodes
 
 
+@dataclass(frozen=True)
+class Objective:
+    """What ``--objective`` chooses: the classes LightningCLI builds and what differs around them."""
+    name: str
+    model: type
+    data: type
+    presets: tuple[str, ...]         # configs/pretrain/<preset>.yaml
+    default_presets: tuple[str, str]  # for DATA=demo, for a real dataset
+    validate: Callable[[Any, str], dict]  # a checkpoint of this objective (RESUME, AtomicCheckpointIO)
+    links: tuple[tuple[str, str], ...]  # one source of truth for values two objects need
+    quiet: tuple[str, ...]           # warnings expected by design (regexes), silenced during the fit
+    check: Callable[[LightningCLI], None]  # its launch checks once the CLI is built (before other processes)
+
+
+def scale_line(cli: LightningCLI) -> str:
+    """World size, per-device / total batch, lr after the linear scaling rule, precision, vs the paper's 1024."""
+    trainer, hp, dm = cli.trainer, cli.model.hparams, cli.datamodule
+    world = trainer.world_size
+    total = int(dm.batch_size) * world
+    lr = hp.lr * total / 256.0 if hp.scale_lr else hp.lr  # as DINOPretrainModule.build_schedules
+    where = (f"{trainer.num_nodes} node(s) x {trainer.num_devices} {type(trainer.accelerator).__name__[:-11]}"
+             f" device(s)")
+    ratio = (f"= the paper's {PAPER_TOTAL_BATCH}" if total == PAPER_TOTAL_BATCH
+             else f"= {total / PAPER_TOTAL_BATCH:.4g} x the paper's {PAPER_TOTAL_BATCH}")
+    return (f"scale: world size {world} ({where}), batch {dm.batch_size} per device x {world} = {total} total "
+            f"{ratio}, lr {lr:.3g} (base {hp.lr:g} x {total}/256), precision {trainer.precision}")
+
+
+def check_dino(cli: LightningCLI) -> None:
+    """DINO's launch checks: the dataset layout (``DataModule.setup``, which fit reuses), and the validation split
+    the callbacks read on the first step. Rank 0 prints the scale line."""
+    dm = cli.datamodule
+    dm.setup("fit")  # DatasetError naming DATA_ROOT and the expected layout
+    if any(type(cb).__name__ in ("PretrainVisuals", "KNNCheck") for cb in cli.trainer.callbacks):
+        dm.eval_dataset(dm.val_split)
+    if global_rank() == 0:  # the processes Lightning starts run this too
+        print(scale_line(cli), flush=True)
+
+
+def check_supervised(cli: LightningCLI) -> None:
+    """The dataset's class count is the classifier's."""
+    have = cli.datamodule.num_classes
+    if have != cli.model.hparams.num_classes:
+        raise ValueError(f"the dataset has {have} classes but model.num_classes={cli.model.hparams.num_classes}; "
+                         f"pass --model.num_classes={have}")
+
+
+OBJECTIVES = {
+    # the frozen EMA teacher is in eval mode on purpose (no drop-path, as the official teacher)
+    "dino": Objective("dino", DINOPretrainModule, DINOPretrainDataModule, ("paper", "demo", "tiny"), ("demo", "paper"),
+                      validate_pretrain_checkpoint, (("trainer.max_epochs", "model.epochs"),
+                                                     ("data.n_local_crops", "model.n_local_crops")),
+                      (r"Found \d+ module\(s\) in eval mode",), check_dino),
+    "supervised": Objective("supervised", SupervisedModule, SupervisedDataModule,
+                            ("supervised_demo", "supervised_paper"), ("supervised_demo", "supervised_paper"),
+                            validate_supervised_checkpoint, (("trainer.max_epochs", "model.epochs"),),
+                            (r".*does not have many workers.*",), check_supervised),
+}
+PRESETS = OBJECTIVES["dino"].presets
+
+
 class PretrainCLI(LightningCLI):
+    """LightningCLI for both objectives (``objective``, set by ``main``)."""
     dist_timeout_min = DEFAULT_TIMEOUT_MIN
+    objective = OBJECTIVES["dino"]
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # one source of truth for values two objects need
-        parser.link_arguments("trainer.max_epochs", "model.epochs")
-        parser.link_arguments("data.n_local_crops", "model.n_local_crops")
+        for source, target in self.objective.links:
+            parser.link_arguments(source, target)
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
         # always on: atomic validated checkpoints, and our own (resumable, rank-aware) sampler
         plugins = config.get("plugins") or []
         plugins = plugins if isinstance(plugins, list) else [plugins]
         if not any(isinstance(p, AtomicCheckpointIO) for p in plugins):
-            plugins.append(AtomicCheckpointIO())
+            plugins.append(AtomicCheckpointIO(validate=self.objective.validate))
         config["plugins"] = plugins
         config["use_distributed_sampler"] = False
         cbs = config.get("callbacks") or []
@@ -74,6 +143,8 @@ class PretrainCLI(LightningCLI):
 
 def _pre_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--objective", default="dino",
+                   help="dino: DINO self-distillation; supervised: LaSt-ViT's label-supervised recipe")
     p.add_argument("--variant", default="softmax")
     p.add_argument("--data", default="demo")
     p.add_argument("--data-root", default="")
@@ -86,18 +157,15 @@ def _pre_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve_resume(resume: str, variant: str, runs: Path) -> Optional[str]:
-    """'' -> None; '1' / 'last' / 'true' -> newest last.ckpt of the variant; otherwise a path."""
+def resolve_resume(resume: str, variant: str, runs: Path, objective: str = "dino") -> Optional[str]:
+    """'' -> None; '1' / 'last' / 'true' -> newest last.ckpt of the variant's ``objective`` runs; otherwise a path."""
     if not resume or resume.lower() in ("0", "false", "no"):
         return None
     if resume.lower() in ("1", "true", "yes", "last"):
-        found = sorted((p for p in (runs / variant / "pretrain").glob("**/last.ckpt")  # DINO runs only
-                        if not p.relative_to(runs / variant / "pretrain").parts[0].startswith("supervised")),
-                       key=lambda p: p.stat().st_mtime)
-        if not found:
-            raise CheckpointError(f"RESUME={resume}: no last.ckpt under {runs / variant / 'pretrain'}; run "
-                                  f"`make pretrain VARIANT={variant}` first or pass RESUME=<path to a .ckpt>")
-        return str(found[-1])
+        try:
+            return str(paths.latest_checkpoint(variant, objective, runs))
+        except FileNotFoundError as e:
+            raise CheckpointError(f"RESUME={resume}: {e}") from None
     path = Path(resume)
     if not path.is_file():
         raise CheckpointError(f"RESUME={resume}: no such checkpoint file")
@@ -105,7 +173,9 @@ def resolve_resume(resume: str, variant: str, runs: Path) -> Optional[str]:
 
 
 def preset_file(preset: str) -> Path:
-    return Path(preset) if preset not in PRESETS else CONFIGS / "pretrain" / f"{preset}.yaml"
+    """A preset's YAML: configs/pretrain/<preset>.yaml for a named preset (either objective), else the path."""
+    named = any(preset in o.presets for o in OBJECTIVES.values())
+    return CONFIGS / "pretrain" / f"{preset}.yaml" if named else Path(preset)
 
 
 def build_args(variant: str, data: str, data_root: str, preset: str, runs: Path, resume_path: Optional[str],
@@ -126,7 +196,7 @@ def build_args(variant: str, data: str, data_root: str, preset: str, runs: Path,
              f"--trainer.logger.name={preset_file(preset).stem}"]
     if version:
         args.append(f"--trainer.logger.version={version}")
-    if data == "folder":  # the folder's index is cached beside the run's version folders (datamodules/folder.py)
+    if data == "folder":  # the folder's index is cached beside the run's version folders (datamodules/datasets/)
         args.append(f"--data.index_dir={runs / variant / 'pretrain' / preset_file(preset).stem}")
     return args + rest
 
@@ -148,91 +218,71 @@ def early_checks(data: str, data_root: str, preset_file: Path, rest: list[str]) 
         import yaml
         nodes = [((yaml.safe_load(preset_file.read_text()) or {}).get("trainer") or {}).get("num_nodes", 1)]
     refuse_unlaunched_multinode(int(nodes[-1]))
-    if data != "demo" and not Path(data_root).is_dir():  # the demo data is generated on first use instead
+    if not is_demo(data) and not Path(data_root).is_dir():  # the demo data is generated on first use instead
         from datamodules.pretraining import load_split
         load_split(data, data_root, "train")  # the dataset's own error (names the layout and the source)
 
 
-def check_launch(cli: LightningCLI) -> None:
-    """Everything checkable before Lightning starts other processes: node launch and the dataset layout."""
-    refuse_unlaunched_multinode(cli.trainer.num_nodes)
-    dm = cli.datamodule
-    dm.setup("fit")  # DatasetError naming DATA_ROOT and the expected layout
-    if any(type(cb).__name__ in ("PretrainVisuals", "KNNCheck") for cb in cli.trainer.callbacks):
-        dm.eval_dataset(dm.val_split)  # the callbacks read the validation split on the first step
-
-
-def scale_line(cli: LightningCLI) -> str:
-    """World size, per-device / total batch, lr after the linear scaling rule, precision, vs the paper's 1024."""
-    trainer, hp, dm = cli.trainer, cli.model.hparams, cli.datamodule
-    world = trainer.world_size
-    total = int(dm.batch_size) * world
-    lr = hp.lr * total / 256.0 if hp.scale_lr else hp.lr  # as DINOPretrainModule.build_schedules
-    where = (f"{trainer.num_nodes} node(s) x {trainer.num_devices} {type(trainer.accelerator).__name__[:-11]}"
-             f" device(s)")
-    ratio = (f"= the paper's {PAPER_TOTAL_BATCH}" if total == PAPER_TOTAL_BATCH
-             else f"= {total / PAPER_TOTAL_BATCH:.4g} x the paper's {PAPER_TOTAL_BATCH}")
-    return (f"scale: world size {world} ({where}), batch {dm.batch_size} per device x {world} = {total} total "
-            f"{ratio}, lr {lr:.3g} (base {hp.lr:g} x {total}/256), precision {trainer.precision}")
-
-
 def parse_common(argv: Optional[list[str]], doc: str) -> tuple[argparse.Namespace, list[str], str]:
-    """The flags every training CLI shares (DINO, supervised): -> (known, LightningCLI rest, variant name).
+    """The pre-parser's flags (both objectives): -> (known, LightningCLI rest, variant name).
     Raises ValueError for an unknown variant or a real dataset without DATA_ROOT: fail before building a ViT."""
     known, rest = _pre_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
     if known.help:
         print(doc)
         rest = rest + ["--help"]
     variant = parse_variant(known.variant).name
-    if known.data != "demo" and not known.data_root:
+    if not is_demo(known.data) and not known.data_root:
         raise ValueError(f"DATA={known.data} needs DATA_ROOT=<folder holding the dataset> (for imagenet: the "
                          "ImageFolder root with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG). Use DATA=demo for the "
                          "built-in demo data.")
     return known, rest, variant
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    try:
-        known, rest, variant = parse_common(argv, __doc__)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    preset = known.preset or ("demo" if known.data == "demo" else "paper")
-    if preset not in PRESETS and not Path(preset).is_file():
-        print(f"error: unknown preset '{preset}'; valid: {', '.join(PRESETS)} (configs/pretrain/)", file=sys.stderr)
-        return 2
+def _fail(e: Exception | str) -> int:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+def launch_plan(argv: Optional[list[str]]) -> tuple[argparse.Namespace, Objective, list[str], Optional[str]]:
+    """The checks before any model or process exists -> (known flags, objective, LightningCLI args, resume path).
+    Raises ValueError / CheckpointError / LaunchError / DatasetError saying what is wrong."""
+    known, rest, variant = parse_common(argv, __doc__)
+    if known.objective not in OBJECTIVES:
+        raise ValueError(f"--objective {known.objective!r}: valid are {', '.join(OBJECTIVES)}")
+    objective = OBJECTIVES[known.objective]
+    preset = known.preset or objective.default_presets[0 if is_demo(known.data) else 1]
+    if preset not in objective.presets and not Path(preset).is_file():
+        raise ValueError(f"unknown preset '{preset}' for --objective {objective.name}; valid: "
+                         f"{', '.join(objective.presets)} (configs/pretrain/) or a YAML path")
     runs = Path(known.runs_dir) if known.runs_dir else paths.RUNS
-    try:
-        resume_path = resolve_resume(known.resume, variant, runs)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    resume_path = resolve_resume(known.resume, variant, runs, objective.name)
+    if resume_path:  # another objective's checkpoint must not get as far as the Trainer
+        objective.validate(safe_torch_load(Path(resume_path)), resume_path)
     rest = nodes_from_cluster(rest) + rest
-    try:
-        early_checks(known.data, known.data_root, preset_file(preset), rest)
-    except (LaunchError, DatasetError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    early_checks(known.data, known.data_root, preset_file(preset), rest)
     args = build_args(variant, known.data, known.data_root, preset, runs, resume_path, rest)
     # mixed precision only where the device supports it (paper: 16-mixed, demo: bf16-mixed): fp32 on the CPU
-    args += cpu_precision_args(rest)
-    PretrainCLI.dist_timeout_min = known.dist_timeout
+    return known, objective, args + cpu_precision_args(rest), resume_path
+
+
+def main(argv: Optional[list[str]] = None) -> int:
     try:
-        cli = build_cli(PretrainCLI, DINOPretrainModule, DINOPretrainDataModule, args)
+        known, objective, args, resume_path = launch_plan(argv)
+    except (ValueError, CheckpointError) as e:  # LaunchError and DatasetError are ValueErrors
+        return _fail(e)
+    PretrainCLI.dist_timeout_min, PretrainCLI.objective = known.dist_timeout, objective
+    try:
+        cli = build_cli(PretrainCLI, objective.model, objective.data, args)
     except SystemExit as e:  # jsonargparse already printed the reason (unknown key, bad value, --help)
         return int(e.code or 0)
     except ValueError as e:  # e.g. a dataset layout error raised while building objects
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        check_launch(cli)
-    except (LaunchError, DatasetError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if global_rank() == 0:  # the processes Lightning starts run this too
-        print(scale_line(cli), flush=True)
-    # the frozen EMA teacher is in eval mode on purpose (no drop-path, as the official teacher)
-    return fit(cli, resume_path, quiet=(r"Found \d+ module\(s\) in eval mode",))
+        return _fail(e)
+    try:  # everything checkable before Lightning starts other processes
+        refuse_unlaunched_multinode(cli.trainer.num_nodes)
+        objective.check(cli)
+    except ValueError as e:
+        return _fail(e)
+    return fit(cli, resume_path, quiet=objective.quiet)
 
 
 def build_cli(cli_class: type, model_class: type, data_class: type, args: list[str]) -> LightningCLI:

@@ -27,11 +27,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from backbones import create_vit, parse_variant
 from backbones.checkpoint import SUPERVISED, check_resume_config, runtime_record, validate_lightning, write_entry
-from lightning_modules.callbacks import FixedImagesCallback, _grid_images, _tb
 from lightning_modules.dino_module import NonFiniteLossError, _plain
-from tokenmix.results import write_summary
-
-KIND = SUPERVISED
 
 
 def lr_multiplier(where: float, warmup_frac: float = 0.01, warmup_factor: float = 0.1,
@@ -169,79 +165,3 @@ class SupervisedModule(pl.LightningModule):
         meta = check_resume_config(checkpoint, self.backbone.backbone_config.replace(num_classes=0), kind=SUPERVISED,
                                    runtime=runtime_record(self.backbone))
         self.random_init = dict(meta.get("random_init") or {})
-
-
-class VoteMaps(FixedImagesCallback):
-    """``lastvit`` variants: TensorBoard images of fixed val images and their vote-count maps (how many of the D
-    channels picked each patch), at the start, every ``every_n_epochs`` and at the end; rank 0 only."""
-
-    @torch.no_grad()
-    def log_now(self, trainer: pl.Trainer, pl_module: SupervisedModule) -> None:
-        model = pl_module.backbone
-        tb = _tb(trainer)
-        if tb is None or trainer.global_rank != 0 or model.aggregator is None:
-            return
-        if self._images is None:
-            self.fixed_images(trainer.datamodule.eval_dataset())
-            from datamodules.transforms.views import IMAGENET_MEAN, IMAGENET_STD
-            mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
-            tb.add_images("votes/inputs", (self._images * std + mean).clamp(0, 1), trainer.global_step)
-        was = model.training
-        model.eval()
-        x = self._images.to(pl_module.device)
-        votes = model.extract(x, votes=True)[-1]["votes"].float()
-        model.train(was)
-        grid = model.grid_size(x)
-        maps = (votes / votes.amax(1, keepdim=True).clamp_min(1)).reshape(-1, 1, *grid).cpu()
-        tb.add_images("votes/vote_count_maps", _grid_images(maps, model.patch_size), trainer.global_step)
-        tb.add_scalar("votes/max_share", (votes.amax(1) / votes.sum(1)).mean().item(), trainer.global_step)
-        tb.flush()
-
-class SupervisedSummary(pl.Callback):
-    """Final val top-1/top-5, the same at random init, loss at the start vs the end and the wall time ->
-    summary.json in the log folder (rank 0; the metrics were already synced by the module)."""
-
-    def __init__(self, window: int = 20):
-        self.window = window
-        self.first: list[Any] = []  # loss tensors (floats after a resume): no host sync per step
-        self.last: list[Any] = []
-        self._t0: Optional[float] = None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"first": [float(x) for x in self.first]}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.first = list(state_dict.get("first", []))
-
-    def on_fit_start(self, trainer, pl_module):
-        self._t0 = time.perf_counter()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        loss = trainer.callback_metrics.get("train/loss")  # what the module logged this step
-        if loss is not None:
-            if len(self.first) < self.window:
-                self.first.append(loss)
-            self.last = (self.last + [loss])[-self.window:]
-
-    def on_train_end(self, trainer, pl_module):
-        log_dir = trainer.log_dir or trainer.default_root_dir  # a broadcast under DDP: every rank calls it
-        if trainer.global_rank != 0:
-            return
-        init, final = pl_module.random_init, pl_module.last_val
-        first, last = [float(x) for x in self.first], [float(x) for x in self.last]
-        summary = {"objective": KIND, "variant": pl_module.hparams.variant, "arch": pl_module.hparams.arch,
-                   "data": getattr(trainer.datamodule, "data", None),
-                   "steps": trainer.global_step, "epochs": trainer.current_epoch,
-                   "loss_start": sum(first) / len(first) if first else None,
-                   "loss_end": sum(last) / len(last) if last else None,
-                   "val_top1": final.get("val_top1"), "val_top5": final.get("val_top5"),
-                   "val_top1_random_init": init.get("val_top1"), "val_top5_random_init": init.get("val_top5"),
-                   "val_top1_gain": None if not init or not final else final["val_top1"] - init["val_top1"],
-                   "fit_wall_s": None if self._t0 is None else round(time.perf_counter() - self._t0, 1)}
-        path = write_summary(log_dir, objective=KIND, variant=pl_module.hparams.variant, data=summary["data"],
-                             backbone_config=dict(pl_module.backbone.config), metrics=summary,
-                             config=dict(pl_module.hparams),
-                             checkpoint=getattr(trainer.checkpoint_callback, "last_model_path", None))
-        rank_zero_info("supervised summary: " + ", ".join(
-            f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()))
-        rank_zero_info(f"summary written to {path}")

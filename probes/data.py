@@ -16,6 +16,7 @@ from typing import Optional
 from datamodules import resolve_data as _resolve
 from datamodules.classification import ClassificationDataModule
 from datamodules.datamodule_base import DataModuleBase
+from datamodules.demo import is_demo
 from datamodules.depth import DepthDataModule
 from datamodules.segmentation import SegmentationDataModule
 
@@ -45,7 +46,7 @@ def check_own_data(task: TaskSpec, name: str) -> None:
 def resolve_data(task: TaskSpec, data: str, data_root: str) -> tuple[str, Path]:
     """(dataset name, root) for --data/--data-root; '' means not given."""
     check_own_data(task, (data or "").strip())
-    if (data or "demo").strip() == "demo" and task.demo_dataset is None:
+    if is_demo(data) and task.demo_dataset is None:
         raise ValueError(f"task '{task.name}' has no built-in demo data (demo exists for imagenet, knn, voc, "
                          f"nyuv2). Run it on the real dataset: make probe TASK={task.name} DATA={task.dataset} "
                          f"DATA_ROOT=/path/to/{task.dataset}")

@@ -43,6 +43,11 @@ class ProbeContext:
     dataset: str  # resolved dataset name (demo_voc, voc, ...)
     root: Path
     log_dir: Optional[Path] = None
+    kind: Optional[Kind] = None  # --kind: the task's own kind (None) or a head-free one (tasks.ALT_KINDS)
+
+    @property
+    def probe_kind(self) -> Kind:
+        return self.kind or self.task.kind
 
     @property
     def patch_size(self) -> int:
@@ -181,6 +186,33 @@ def dense_spec(args, depth: int, blocks, cls_default: bool = False) -> FeatureSp
     return FeatureSpec(kind="dense", n_last_blocks=min(n_last, depth), blocks=blocks, with_cls=with_cls)
 
 
+def patch_spec(args, depth: int, blocks) -> FeatureSpec:
+    """The head-free dense probes: the patch tokens of one block (the last, as the Hummingbird reference)."""
+    return FeatureSpec(kind="dense", n_last_blocks=1, blocks=blocks, with_cls=False)
+
+
+def _miou_series(m: dict) -> dict:
+    return {k: v["mIoU"] for k, v in m["mIoU"].items()}
+
+
+def _retrieval_line(m: dict) -> str:
+    return "retrieval mIoU " + ", ".join(f"memory {k}: {v['mIoU']:.2f}" for k, v in m["mIoU"].items())
+
+
+def _cluster_line(m: dict) -> str:
+    return "overclustering mIoU " + ", ".join(f"K={k}: {v['mIoU']:.2f}" for k, v in m["mIoU"].items())
+
+
+def _run_retrieval(ctx, spec, logger):
+    from .headless import run_retrieval
+    return run_retrieval(ctx, spec, logger)
+
+
+def _run_overcluster(ctx, spec, logger):
+    from .headless import run_overcluster
+    return run_overcluster(ctx, spec, logger)
+
+
 def _knn_line(m: dict) -> str:
     return "k-NN top-1 " + ", ".join(f"k={k}: {v:.2f}" for k, v in m["top1"].items())
 
@@ -193,8 +225,12 @@ class ProbeKind:
     epochs: int = 0                       # default --max-epochs (0: nothing is trained)
     batch_size: int = 64                  # default --batch-size (per device)
     build: Optional[Callable] = None      # (ctx, FrozenFeatures, common kwargs) -> LightningModule
+    runner: Optional[Callable] = None     # (ctx, FeatureSpec, logger) -> metrics, for kinds with no head to train
+    profile: Optional[Callable[[dict], dict]] = None  # one result -> {series: value}, plotted over blocks (LAYER=all)
 
     def run(self, ctx: ProbeContext, spec: FeatureSpec, logger, key: str = "default") -> dict[str, Any]:
+        if self.runner is not None:
+            return self.runner(ctx, spec, logger)
         if self.build is None:
             return run_knn(ctx, spec, logger)
         if getattr(ctx.args, "solver", "sgd") == "ridge":
@@ -213,6 +249,10 @@ KINDS: dict[Kind, ProbeKind] = {k.kind: k for k in [
     ProbeKind(Kind.DEPTH, partial(dense_spec, cls_default=True),  # DINOv2 depth: patch tokens + [CLS]
               lambda m: f"RMSE {m['rmse']:.4f}, AbsRel {m['abs_rel']:.4f}, d1 {m['d1']:.4f}",
               epochs=40, batch_size=16, build=build_depth),
+    ProbeKind(Kind.RETRIEVAL, patch_spec, _retrieval_line, batch_size=16, runner=_run_retrieval,
+              profile=_miou_series),  # Hummingbird: mIoU per memory size
+    ProbeKind(Kind.OVERCLUSTER, patch_spec, _cluster_line, batch_size=16, runner=_run_overcluster,
+              profile=_miou_series),  # Leopart-style overclustering: mIoU per K
 ]}
 
 
@@ -220,5 +260,5 @@ def summary(kind: Kind, metrics: dict) -> str:
     """The printed line of a probe run (a layer sweep: one part per block)."""
     line = KINDS[kind].summary
     if "layers" in metrics:
-        return "; ".join(f"{k}: {line(v)}" for k, v in metrics["layers"].items())
+        return "; ".join(f"{k}: {line(v)}" for k, v in metrics["layers"].items() if v)
     return line(metrics)

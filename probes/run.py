@@ -3,6 +3,7 @@
     python -m probes.run --task voc --variant entmax --ckpt '' --data demo --data-root '' --layer ''
     python -m probes.run --task knn --ckpt random      # baselines: random (untrained ViT), pixels (raw patches)
     python -m probes.run --task nyuv2 --layer all      # one probe per block
+    python -m probes.run --task voc --kind retrieval    # head-free: Hummingbird retrieval (or --kind overcluster)
 
 Output: runs/<variant | variant_random | pixels>/probe/<task>/version_N/{results.json, events.*, head*.pt};
 results.json follows the one schema of tokenmix/results.py. How each kind of probe runs: probes/kinds.py.
@@ -16,8 +17,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 
+from datamodules.demo import is_demo
 from tokenmix import paths
-from tokenmix.cli import eval_parent_parser, finish_eval_args, is_demo
+from tokenmix.cli import eval_parent_parser, finish_eval_args
 from tokenmix.io import CheckpointError
 from tokenmix.knn import DEFAULT_KS
 from tokenmix.launch import LaunchError, count_devices, global_rank, install_stop_handlers
@@ -28,13 +30,16 @@ from .backbone import resolve_backbone
 from .data import probe_datamodule, resolve_data
 from .kinds import KINDS, ProbeContext, summary
 from .kinds import _device as kind_device
-from .tasks import TASKS, get_task
+from .retrieval import K_NEIGHBOURS, PAPER_MEMORY, TEMPERATURE
+from .tasks import ALT_KINDS, TASKS, Kind, get_task
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m probes.run", description=__doc__, parents=[eval_parent_parser()],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
+    p.add_argument("--kind", default="", help="'' = the task's own probe; segmentation tasks also take 'retrieval' "
+                   "(Hummingbird dense retrieval) and 'overcluster' (k-means + matching), neither trains a head")
     p.add_argument("--config", default=None, help="YAML of defaults (configs/probe/*.yaml): top-level flags for "
                    "every task, 'tasks: {<task>: {...}}' per task; command-line flags win")
     p.add_argument("--layer", default="", help="'' = the protocol's blocks, k = block k, 'all' = every block, "
@@ -65,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-samples", type=int, default=None, help="use the first N samples of each split")
     p.add_argument("--knn-k", default=",".join(map(str, DEFAULT_KS)), help="k-NN: comma-separated k values")
     p.add_argument("--knn-t", type=float, default=0.07, help="k-NN temperature")
+    p.add_argument("--hb-memory", default=",".join(map(str, PAPER_MEMORY)),
+                   help="retrieval: memory sizes in patches (each capped at every patch of every view)")
+    p.add_argument("--hb-k", type=int, default=K_NEIGHBOURS, help="retrieval: nearest neighbours per patch")
+    p.add_argument("--hb-temperature", type=float, default=TEMPERATURE, help="retrieval: attention temperature")
+    p.add_argument("--hb-aug-epochs", type=int, default=1, help="retrieval: augmented views of each training image")
+    p.add_argument("--cluster-k", default="1x,2x,5x,10x",
+                   help="overcluster: K values, 'Nx' = N x the number of classes (e.g. '1x,100,300')")
+    p.add_argument("--cluster-iters", type=int, default=100, help="overcluster: at most this many k-means iterations")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--accelerator", default="auto")
     p.add_argument("--seed", type=int, default=0)
@@ -113,9 +126,29 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
+def resolve_kind(task, kind: str) -> Optional[Kind]:
+    """--kind: '' or the task's own kind -> None; a head-free kind the task's data feeds (tasks.ALT_KINDS)."""
+    kind = (kind or "").strip()
+    if not kind or kind == task.kind.value:
+        return None
+    alts = ALT_KINDS.get(task.kind, ())
+    if kind not in [k.value for k in alts]:
+        ok = ", ".join(k.value for k in alts) or "none besides its own"
+        raise ValueError(f"--kind {kind!r} does not apply to task {task.name!r} ({task.kind.value}); kinds it takes: "
+                         f"{ok}. Retrieval and overclustering run on the segmentation tasks (voc, ade20k, "
+                         "cityscapes, seg)")
+    return Kind(kind)
+
+
+def run_name(ctx: ProbeContext) -> str:
+    """The task's folder and results.json name: voc, or voc_retrieval for a head-free kind on it."""
+    return ctx.task.name if ctx.kind is None else f"{ctx.task.name}_{ctx.kind.value}"
+
+
 def build_context(args) -> ProbeContext:
     """The backbone, the task's DataModule (both splits, subset by --max-samples) and the probe input size."""
     task = get_task(args.task.strip())
+    kind = resolve_kind(task, args.kind)
     demo = is_demo(args.data)
     info = resolve_backbone(args.ckpt, args.variant, args.arch, args.patch_size or (8 if demo else 16),
                             seed=args.seed, which=args.which)
@@ -126,16 +159,16 @@ def build_context(args) -> ProbeContext:
     else:
         size = task.demo_img_size if demo else task.img_size
     dm = probe_datamodule(task, name, root, size, getattr(info.model, "patch_size", 16), num_workers=args.num_workers,
-                          batch_size=args.batch_size or KINDS[task.kind].batch_size, aug=not args.no_aug,
+                          batch_size=args.batch_size or KINDS[kind or task.kind].batch_size, aug=not args.no_aug,
                           train_split=args.train_split, val_split=args.val_split, max_samples=args.max_samples)
     dm.setup("fit")
-    return ProbeContext(args, task, info, dm, tuple(size), name, root)
+    return ProbeContext(args, task, info, dm, tuple(size), name, root, kind=kind)
 
 
 def run_layers(ctx: ProbeContext, logger) -> tuple[dict[str, Any], Optional[dict]]:
     """One probe per block selection of --layer: (metrics, the last probe's feature spec)."""
     from lightning.pytorch.loggers import TensorBoardLogger
-    kind = KINDS[ctx.task.kind]
+    kind = KINDS[ctx.probe_kind]
     layers = parse_layers(ctx.args.layer, ctx.depth)
     per_layer, spec = {}, None
     for blocks in layers:
@@ -154,9 +187,9 @@ def write_probe_results(ctx: ProbeContext, metrics: dict, features: Optional[dic
               "features": features, "val_split": args.val_split or ctx.task.val_split,
               "num_train": len(ctx.dm.train_set), "num_val": len(ctx.dm.val_set)}
     marker = ctx.root / ".demo_complete.json"
-    if ctx.dataset.startswith("demo_") and marker.is_file():  # which generation of the demo data was measured
+    if is_demo(ctx.dataset) and marker.is_file():  # which generation of the demo data was measured
         config["demo_data"] = json.loads(marker.read_text())
-    return write_results(ctx.log_dir, task=ctx.task.name, variant=info.run_name, data=args.data, metrics=metrics,
+    return write_results(ctx.log_dir, task=run_name(ctx), variant=info.run_name, data=args.data, metrics=metrics,
                          config=config, backbone=backbone_entry(info.config, info.checkpoint, info.sha256,
                                                                 info.source))
 
@@ -168,8 +201,8 @@ def main(argv: Optional[list[str]] = None) -> Optional[Path]:
         import yaml
         print(yaml.safe_dump({k: v for k, v in vars(args).items() if k != "print_config"}, sort_keys=False))
         return None
-    finish_eval_args(args)
-    get_task(args.task.strip())
+    finish_eval_args(args, demo=is_demo(args.data))
+    resolve_kind(get_task(args.task.strip()), args.kind)
     if args.quick:
         args.max_epochs = args.max_epochs or 2
         args.max_samples = args.max_samples or 16
@@ -180,8 +213,8 @@ def main(argv: Optional[list[str]] = None) -> Optional[Path]:
     if global_rank() == 0:
         print(f"[probe] {device_line(kind_device(args.accelerator))}", flush=True)  # GPU + bf16, or CPU fp32
     probe_dir = (Path(args.runs_dir) if args.runs_dir else paths.RUNS) / ctx.info.run_name / "probe"
-    version = paths.run_version(probe_dir / ctx.task.name, count_devices(args.accelerator, args.devices) > 1)
-    logger = TensorBoardLogger(save_dir=str(probe_dir), name=ctx.task.name, version=version,
+    version = paths.run_version(probe_dir / run_name(ctx), count_devices(args.accelerator, args.devices) > 1)
+    logger = TensorBoardLogger(save_dir=str(probe_dir), name=run_name(ctx), version=version,
                                default_hp_metric=False)
     ctx.log_dir = Path(logger.log_dir)
     try:
@@ -189,9 +222,13 @@ def main(argv: Optional[list[str]] = None) -> Optional[Path]:
         if global_rank() != 0:  # the other processes of a multi-device run: rank 0 writes the results
             return ctx.log_dir / "results.json"
         path = write_probe_results(ctx, metrics, features)
+        if "layers" in metrics and KINDS[ctx.probe_kind].profile is not None:
+            from .profile import plot_depth_profile
+            plot_depth_profile(metrics["layers"], KINDS[ctx.probe_kind].profile, ctx.log_dir / "depth_profile.png",
+                               title=f"{run_name(ctx)} on {ctx.info.run_name}")
     finally:
         paths.release_version()  # a next run in this process claims its own folder
-    print(f"[probe] {ctx.task.name} on {ctx.info.run_name}: {summary(ctx.task.kind, metrics)}\n"
+    print(f"[probe] {run_name(ctx)} on {ctx.info.run_name}: {summary(ctx.probe_kind, metrics)}\n"
           f"[probe] results: {path}")
     return path
 

@@ -28,6 +28,12 @@ class Kind(str, Enum):
     LINEAR = "linear"  # linear classifier on [CLS] tokens (DINO eval_linear)
     SEG = "seg"        # linear segmentation head on patch tokens (entmax paper / DINOv2)
     DEPTH = "depth"    # linear depth head (bins or regression) on patch tokens (+[CLS])
+    RETRIEVAL = "retrieval"      # dense nearest-neighbour retrieval, no head (Hummingbird); --kind on a seg task
+    OVERCLUSTER = "overcluster"  # k-means on patch tokens matched to classes, no head; --kind on a seg task
+
+
+# the kinds a task can be run with besides its own (--kind): the head-free dense probes read segmentation tasks
+ALT_KINDS = {Kind.SEG: (Kind.RETRIEVAL, Kind.OVERCLUSTER)}
 
 
 @dataclass(frozen=True)

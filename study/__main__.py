@@ -15,9 +15,11 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from datamodules.demo import is_demo
 from tokenmix import paths
 
-from .plan import PRETRAIN, Spec, checkpoint_path, command, plan, status, write_plan
+from .cells import PRETRAIN, status
+from .plan import Spec, plan, write_plan
 
 DEFAULT_VARIANTS = "softmax entmax registers specialization lastvit"
 DEFAULT_TASKS = "knn voc nyuv2 pib corloc"
@@ -84,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_spec(args) -> Spec:
-    preset = args.preset or ("demo" if args.data == "demo" else "paper")
+    preset = args.preset or ("demo" if is_demo(args.data) else "paper")
     name = args.name or (preset if args.data == "demo" else f"{preset}-{args.data}")
     task_data = []
     for td in args.task_data:
@@ -113,9 +115,9 @@ def describe(spec: Spec, cells, done, python: str, verbose: bool) -> str:
         if rec:
             state, what = "done (reused)", rec.get("results") or rec.get("checkpoint")
         else:
-            resume = c.kind == PRETRAIN and checkpoint_path(spec, c).is_file()
+            resume = c.kind == PRETRAIN and c.checkpoint.is_file()
             state = "to resume" if resume else "to run"
-            what = " ".join(shlex.quote(x) for x in command(spec, c, python, resume=resume))
+            what = " ".join(shlex.quote(x) for x in c.command(python, resume=resume))
         L.append(f"  {state:<14} {c.id:<32} {what if verbose or rec else ''}".rstrip())
     todo = [c for c in cells if not done.get(c.id)]
     L.append(f"[study] done {len(cells) - len(todo)}/{len(cells)} cells; to run: "
@@ -162,7 +164,7 @@ def main(argv=None) -> int:
         return 2
     python = sys.executable
     cells = plan(spec)
-    done = status(spec, cells)
+    done = status(cells)
     print(describe(spec, cells, done, python, verbose=args.dry_run), flush=True)
     if args.dry_run:
         return 0
@@ -190,14 +192,14 @@ def main(argv=None) -> int:
             board.progress(progress.done)
         try:
             with _terminate_as_interrupt():
-                failures = run_missing(spec, cells, done, python, progress, board)
+                failures = run_missing(cells, done, python, progress, spec.root / "logs", board)
         except KeyboardInterrupt:
             progress.show(final=True)
             print(f"[study] interrupted: the finished cells are kept; run the same command again to resume "
                   f"(state in {spec.root})", file=sys.stderr)
             return 130
         progress.show(final=True)
-    table = collect(spec, cells, status(spec, cells), args.baseline)
+    table = collect(spec, cells, status(cells), args.baseline)
     out = Path(args.out) if args.out else paths.REPO / "reports"
     report = write_report(spec, table, out, command="python -m study " + shown_command(
         argv if argv is not None else sys.argv[1:]))

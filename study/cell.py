@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .plan import load_plan, record
+from .cells import read_plan, record
 
 
 def main(argv=None) -> int:
@@ -21,7 +21,7 @@ def main(argv=None) -> int:
     p.add_argument("--cell", required=True, help="cell id, e.g. pretrain.entmax.seed0 or knn.entmax.seed0")
     p.add_argument("--record", action="store_true", help="write the cell's marker (the only action)")
     args = p.parse_args(argv)
-    spec, cells = load_plan(Path(args.plan))
+    cells = read_plan(Path(args.plan))
     cell = next((c for c in cells if c.id == args.cell), None)
     if cell is None:
         print(f"error: no cell {args.cell!r} in {args.plan}; cells: {', '.join(c.id for c in cells)}",
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
         print("nothing to do: pass --record", file=sys.stderr)
         return 2
     try:
-        rec = record(spec, cell)
+        rec = record(cell)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """Run a study's missing cells here, one subprocess at a time, in dependency order.
 
-Each cell's output goes to ``<study>/logs/<cell>.log``; a finished cell writes its marker (``plan.record``). A
+Each cell's output goes to ``<logs>/<cell>.log``; a finished cell writes its marker (``cells.record``). A
 failed pretraining skips its evaluations and the study goes on with the others; the call returns the failures.
 An interrupted pretraining resumes from its own last.ckpt (the pretraining CLI's ``--resume``) on the next call.
 """
@@ -15,7 +15,7 @@ from typing import Optional
 
 from tokenmix import paths
 
-from .plan import PRETRAIN, Cell, Spec, checkpoint_path, command, env, record
+from .cells import PRETRAIN, Cell, record
 from .progress import Progress
 
 
@@ -26,11 +26,11 @@ def _tail(path: Path, n: int = 15) -> str:
         return ""
 
 
-def run_cell(spec: Spec, cell: Cell, python: str, progress: Progress) -> tuple[Optional[dict], float, Path]:
+def run_cell(cell: Cell, python: str, progress: Progress, logs: Path) -> tuple[Optional[dict], float, Path]:
     """Run one cell; (its marker, or None when it failed; seconds; log file)."""
-    resume = cell.kind == PRETRAIN and checkpoint_path(spec, cell).is_file()
-    cmd = command(spec, cell, python, resume=resume)
-    log = spec.root / "logs" / f"{cell.id}.log"
+    resume = cell.kind == PRETRAIN and cell.checkpoint.is_file()
+    cmd = cell.command(python, resume=resume)
+    log = logs / f"{cell.id}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     progress.started(cell.id + (" (resuming)" if resume else ""))
     since, t0 = time.time() - 1, time.monotonic()
@@ -39,7 +39,7 @@ def run_cell(spec: Spec, cell: Cell, python: str, progress: Progress) -> tuple[O
         f.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         f.flush()
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=paths.REPO,
-                                env={**os.environ, **env(spec, cell)})
+                                env={**os.environ, **cell.env})
         try:
             while proc.poll() is None:
                 time.sleep(1)
@@ -54,7 +54,7 @@ def run_cell(spec: Spec, cell: Cell, python: str, progress: Progress) -> tuple[O
     rec = None
     if proc.returncode == 0:
         try:
-            rec = record(spec, cell, seconds, since=since, cpu_seconds=cpu)
+            rec = record(cell, seconds, since=since, cpu_seconds=cpu)
         except FileNotFoundError as e:
             with open(log, "a") as f:
                 f.write(f"[study] {e}\n")
@@ -62,7 +62,7 @@ def run_cell(spec: Spec, cell: Cell, python: str, progress: Progress) -> tuple[O
     return rec, seconds, log
 
 
-def run_missing(spec: Spec, cells: list[Cell], done: dict, python: str, progress: Progress,
+def run_missing(cells: list[Cell], done: dict, python: str, progress: Progress, logs: Path,
                 board=None) -> list[tuple[str, str]]:
     """Run every cell without a marker whose pretraining is done; returns [(cell id, reason)] of failures."""
     failures = []
@@ -72,7 +72,7 @@ def run_missing(spec: Spec, cells: list[Cell], done: dict, python: str, progress
         if c.depends and not done.get(c.depends):
             failures.append((c.id, f"skipped: {c.depends} did not finish"))
             continue
-        rec, seconds, log = run_cell(spec, c, python, progress)
+        rec, seconds, log = run_cell(c, python, progress, logs)
         if board is not None:
             board.progress(progress.done)
         if rec:

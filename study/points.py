@@ -3,7 +3,7 @@
 Words of AT: ``25%`` (of the preset's ``max_epochs``, rounded to the nearest epoch end, at least 1), ``e3`` /
 ``epoch3`` (end of epoch 3, 1-based) and ``s100`` / ``step100`` (after optimizer step 100). The end of the
 schedule (100 %, or the epoch ``max_epochs``) is the run's own ``last.ckpt``: its label is ``""`` and its cells
-keep today's ids; every other point is kept by ``lightning_modules.keep_checkpoints.KeepCheckpoints`` and its
+keep today's ids; every other point is kept by ``lightning_modules.callbacks.keep_checkpoints.KeepCheckpoints`` and its
 cells are ``<task>.<variant>.seed<s>@<label>``. No AT: the end only (the study as before).
 
     >>> resolve_at("17% 50% 100%", max_epochs=6)
@@ -76,13 +76,13 @@ def keep_args(points: Sequence[str]) -> list[str]:
     s = [int(p[1:]) for p in points if p.startswith("s")]
     if not e and not s:
         return []
-    return ["--trainer.callbacks+=lightning_modules.keep_checkpoints.KeepCheckpoints",
+    return ["--trainer.callbacks+=lightning_modules.callbacks.keep_checkpoints.KeepCheckpoints",
             f"--trainer.callbacks.epochs=[{','.join(map(str, e))}]",
             f"--trainer.callbacks.steps=[{','.join(map(str, s))}]"]
 
 
 def checkpoint_name(point: str) -> str:
-    from lightning_modules.keep_checkpoints import epoch_file, step_file
+    from lightning_modules.callbacks.keep_checkpoints import epoch_file, step_file
     if point == FINAL:
         return "last.ckpt"
     return epoch_file(int(point[1:])) if point.startswith("e") else step_file(int(point[1:]))

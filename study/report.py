@@ -4,7 +4,7 @@ Metrics are the columns of ``analysis.report`` (``COLUMNS`` + ``EXTRA_COLUMNS``:
 number out of results.json) and the papers' rows are its ``paper_table()``; nothing is copied here. Each cell is
 mean ± std over seeds with n; Δ to the baseline carries ≈ when inside seed noise (``study.stats``).
 
-    >>> table = collect(spec, cells, status(spec, cells))  # doctest: +SKIP
+    >>> table = collect(spec, cells, status(cells))  # doctest: +SKIP
     >>> write_report(spec, table, Path("reports"))          # doctest: +SKIP
 """
 from __future__ import annotations
@@ -20,20 +20,18 @@ from typing import Optional
 
 from analysis.report import COLUMNS, EXTRA_COLUMNS, NOT_REPORTED, NOT_RUN, PAPER_NOTES, paper_table
 from analysis.report_plots import save_png
+from datamodules.demo import is_demo
 from tokenmix import paths
 from tokenmix.io import atomic_write
 
-from .curves import degradation, markdown_lines, plot_task
-from .plan import Cell, Spec
+from .curves import degradation, plot_task, point_label
+from .cells import Cell
+from .plan import Spec
 from .points import FINAL, progress
 from .results import read_result
 from .stats import Difference, Summary, compare, summarize
 
 INSIDE = "≈"
-
-
-def _is_demo(data: str) -> bool:
-    return data in ("", "demo") or str(data).startswith("demo")
 
 
 def columns_for(task: str, source: str, data: str) -> list:
@@ -42,7 +40,7 @@ def columns_for(task: str, source: str, data: str) -> list:
     for c in COLUMNS + EXTRA_COLUMNS:
         if c.source != source or c.task != task:
             continue
-        if c.datasets and data not in c.datasets and not (_is_demo(data) and "demo" in c.datasets):
+        if c.datasets and data not in c.datasets and not (is_demo(data) and "demo" in c.datasets):
             continue
         out.append(c)
     return out
@@ -186,7 +184,7 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
          f"`{t.baseline or 'no baseline'}`, ± its standard error se_Δ = sqrt(se_a² + se_b²) with se = std/sqrt(n); "
          f"{INSIDE} = inside seed noise, i.e. |Δ| ≤ 2·se_Δ. ↓ = lower is better. "
          f"'{NOT_RUN}' = no finished cell; '{NOT_REPORTED}' = the paper gives no number."]
-    if _is_demo(spec.data):
+    if is_demo(spec.data):
         L += ["", "Measured on the generated demo data (columns are the demo analogues: demo ImageFolder for "
               "ImageNet, demo VOC scenes for VOC/PiB/CorLoc, demo NYU rooms for NYUv2): never compare them with "
               "the paper rows, which are there for reference only."]
@@ -220,7 +218,7 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
                     for c in t.columns]
             L.append(f"| {v} | {s} | " + " | ".join(vals) + " |")
     if len(t.points) > 1:
-        L += markdown_lines(t, spec, [p for p in plots if p.startswith("study_curve_")])
+        L += over_training_lines(t, spec, [p for p in plots if p.startswith("study_curve_")])
         plots = [p for p in plots if not p.startswith("study_curve_")]
     L += cost_lines(t)
     if plots:
@@ -230,6 +228,42 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
           "(first 12 hex digits).", ""]
     L += [f"- `{cid}`: `{_shown(rd) if rd else rd}` (checkpoint {sha[:12]})" for cid, rd, sha in t.cells]
     return "\n".join(L) + "\n"
+
+
+def over_training_lines(t: Table, spec: Spec, plots: list[str]) -> list[str]:
+    """The report's "Over training" section: points, degradation table, curve plots."""
+    L = ["", "## Over training (AT)", "",
+         "Points evaluated: " + ", ".join(f"{point_label(p)} ({t.progress[p]:.0f} %)" if t.progress.get(p)
+                                          is not None else point_label(p) for p in t.points)
+         + f" of {spec.max_epochs} epochs. The tables above use the last point.", "",
+         "**Degradation**: the drop from each variant's best point (best mean over seeds) to its last, per seed "
+         "(value at best − value at last; sign flipped for ↓ metrics, so positive = worse at the end), mean ± std "
+         "(n); ‼ = outside seed noise (mean > 2·se, se = std/√n). The best point is chosen on the same seeds, so "
+         "the drop is biased upwards: a small positive drop inside the noise is what noise alone gives.", "",
+         "| metric | variant | best point | mean at best | mean at last | drop (per seed) | seeds |",
+         "|---|---|---|---|---|---|---|"]
+    for col in t.columns:
+        for v in t.variants:
+            d = t.degradation.get((v, col.key))
+            if d is None:
+                continue
+            mark = " ‼" if d.outside_noise else ""
+            drop = fmt_summary(d.drop, col.digits)
+            seeds = " ".join(f"{x:+.{col.digits}f}" for x in d.drop.values)
+            L.append(f"| {col.title} | {v} | {point_label(d.best)} | {d.best_mean:.{col.digits}f} | "
+                     f"{d.last_mean:.{col.digits}f} | {drop}{mark} | {seeds} |")
+    if plots:
+        L += ["", "Curves: mean over seeds (line) ± std (band); the baseline black and dashed.", ""]
+        L += [f"![{p}]({p})" for p in plots]
+    L += ["", "| metric | variant | " + " | ".join(point_label(p) for p in t.points) + " |",
+          "|---|---|" + "---|" * len(t.points)]
+    for col in t.columns:
+        for v in t.variants:
+            curve = t.curves.get((v, col.key), {})
+            if curve:
+                cells = [fmt_summary(summarize([x for _, x in curve.get(p, [])]), col.digits) for p in t.points]
+                L.append(f"| {col.title} | {v} | " + " | ".join(cells) + " |")
+    return L
 
 
 def cost_lines(t: Table) -> list[str]:

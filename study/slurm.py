@@ -22,7 +22,8 @@ from pathlib import Path
 from tokenmix import paths
 from tokenmix.io import atomic_write
 
-from .plan import PRETRAIN, Cell, Spec, checkpoint_path, command, env
+from .cells import PRETRAIN, Cell
+from .plan import Spec
 
 PY = "$PY"
 
@@ -73,11 +74,11 @@ def pretrain_script(spec: Spec, cells: list[Cell], opts: SlurmOptions, plan_file
                 tasks=opts.tasks_per_node, gpus=opts.gpus_per_node, time=opts.time)
     L.append('case "$SLURM_ARRAY_TASK_ID" in')
     for i, c in enumerate(cells):
-        ck = shlex.quote(str(checkpoint_path(spec, c)))
+        ck = shlex.quote(str(c.checkpoint))
         L += [f"  {i})  # {c.id}",
-              f"    export TOKENMIX_RUNS={shlex.quote(env(spec, c)['TOKENMIX_RUNS'])}",
+              f"    export TOKENMIX_RUNS={shlex.quote(c.env['TOKENMIX_RUNS'])}",
               f"    RESUME=(); if [ -f {ck} ]; then RESUME=(--resume {ck}); fi",
-              f'    srun {_q(command(spec, c, PY) + extra)} ${{RESUME[@]+"${{RESUME[@]}}"}}',
+              f'    srun {_q(c.command(PY) + extra)} ${{RESUME[@]+"${{RESUME[@]}}"}}',
               f"    {_record(plan_file, c)}", "    ;;"]
     L += ['  *) echo "no cell for array index $SLURM_ARRAY_TASK_ID" >&2; exit 2;;', "esac"]
     return "\n".join(L) + "\n"
@@ -88,8 +89,8 @@ def eval_script(spec: Spec, cells: list[Cell], opts: SlurmOptions, plan_file: Pa
                 gpus=1 if opts.gpus_per_node else 0, time=opts.eval_time)
     L.append('case "$SLURM_ARRAY_TASK_ID" in')
     for i, c in enumerate(cells):
-        L += [f"  {i})  # {c.id}", f"    export TOKENMIX_RUNS={shlex.quote(env(spec, c)['TOKENMIX_RUNS'])}",
-              f"    {_q(command(spec, c, PY))}", f"    {_record(plan_file, c)}", "    ;;"]
+        L += [f"  {i})  # {c.id}", f"    export TOKENMIX_RUNS={shlex.quote(c.env['TOKENMIX_RUNS'])}",
+              f"    {_q(c.command(PY))}", f"    {_record(plan_file, c)}", "    ;;"]
     L += ['  *) echo "no cell for array index $SLURM_ARRAY_TASK_ID" >&2; exit 2;;', "esac"]
     return "\n".join(L) + "\n"
 

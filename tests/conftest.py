@@ -4,8 +4,11 @@ from pathlib import Path
 import pytest
 import torch
 
-# Keep the 2-core CI machine responsive and the results reproducible.
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+from helpers import tiers
+
+# Keep the 2-core CI machine responsive and the results reproducible; under pytest-xdist (-n N) the workers share
+# the cores instead of each taking both.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"
 # TOKENMIX_STRICT_SKIPS=1 (set by .ci/run): every skip is a failure unless its reason names what a CPU machine
@@ -56,6 +59,16 @@ def pytest_make_collect_report(collector):
     _strict_refuses(outcome.get_result())
 
 
+def pytest_itemcollected(item):
+    tiers.mark_by_fixtures([item])  # before ``-m`` selects: a test using a slow session fixture is slow
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with tiers.running(item):  # a test that trains, spawns or compiles must be marked slow
+        yield
+
+
 # The process's state before any test ran. A deterministic Trainer switches torch's deterministic mode on for
 # the whole process, also from a module-scoped fixture that runs before a per-test fixture could record a
 # "before" value, so every test ends by going back to this baseline, not to what it found.
@@ -66,6 +79,12 @@ _DETERMINISTIC = (torch.are_deterministic_algorithms_enabled(), torch.is_determi
 def _restore_determinism():
     yield
     torch.use_deterministic_algorithms(_DETERMINISTIC[0], warn_only=_DETERMINISTIC[1])
+
+
+@pytest.fixture(autouse=True)
+def _tier_guard(request):
+    yield
+    tiers.check(request.node)  # trained, spawned or compiled without @pytest.mark.slow: an error here
 
 
 @pytest.fixture

@@ -233,6 +233,7 @@ def test_baseline_and_devices_refusals(setup):  # --devices 2 itself: tests/test
         analysis_run.main(["--task", "pca", "--ckpt", "random", "--devices", "x"])
 
 
+@pytest.mark.slow
 def test_cli_exit_code_and_message():
     r = procs.run([sys.executable, "-m", "analysis.run", "--task", "bogus", "--variant", "softmax",
                    "--ckpt", "", "--data", "demo", "--data-root", ""], cwd=REPO, timeout=120)

@@ -210,6 +210,7 @@ def test_augment_on_resolution_and_validation():
         DINOPretrainDataModule(augment_on="tpu")
 
 
+@pytest.mark.slow
 def test_lightning_calls_the_hook_in_a_real_fit(tmp_path, fixtures_root):
     """augment_on=gpu under a Trainer (on CPU here): the training step receives the batched crops."""
     import lightning.pytorch as pl

@@ -4,7 +4,7 @@ of ``TokenMixViT.forward``, and stochastic depth on a CPU running each residual 
 Two references. For every variant, the plain block written out here: every token through every layer, timm's
 ``DropPath`` multiplying the whole branch by its mask; in float64 the outputs and every gradient agree to 1e-10
 (same maths; it reuses the model's token and output helpers). For the production path, independent code:
-facebookresearch/dino's ``vit_small`` (bench/official_vit.py) in fp32 on both GEMM backends, with gradients.
+facebookresearch/dino's ``vit_small`` (official/vit.py) in fp32 on both GEMM backends, with gradients.
 The row counts seen by the layers show the work really was skipped.
 """
 from __future__ import annotations
@@ -113,18 +113,11 @@ def test_a_branch_that_drops_every_sample_still_gives_every_parameter_a_gradient
     assert all(p.grad is not None for p in model.parameters())
 
 
-def _timm_drawn_drop_path(x, drop_prob: float = 0., training: bool = False):
-    """The official ``drop_path`` maths with timm's draw (``bernoulli_``), as the project draws: same masks."""
-    if drop_prob == 0. or not training:
-        return x
-    return x.div(1 - drop_prob) * x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1 - drop_prob)
-
-
 @pytest.fixture(scope="module")
 def vit_s_pair():
-    """The project's ViT-S/16 (softmax) and facebookresearch/dino's ``vit_small`` (bench/official_vit.py,
+    """The project's ViT-S/16 (softmax) and facebookresearch/dino's ``vit_small`` (official/vit.py,
     imports nothing of the project) holding its weights (strict load: the same keys)."""
-    from bench import official_vit as vits
+    from official import vit as vits
     torch.manual_seed(0)
     model = backbones.create_vit("vit_small_patch16", "softmax", drop_path_rate=0.1)
     ref = vits.vit_small(patch_size=16, drop_path_rate=0.1)
@@ -138,9 +131,9 @@ def test_fp32_vit_s_equals_the_official_vit_small_with_gradients(vit_s_pair, bac
     """The production path (fp32, training: [CLS]-only last block, drop-path on kept samples, oneDNN or MKL
     linears) against the official ViT-S/16 at 64 px (pos-embedding interpolation included): output and every
     gradient."""
-    from bench import official_vit as vits
+    from official import vit as vits
     from backbones.linear import FastLinear
-    monkeypatch.setattr(vits, "drop_path", _timm_drawn_drop_path)
+    monkeypatch.setattr(vits, "drop_path", vits.timm_drawn_drop_path)
     model, ref = vit_s_pair
     for layer in model.modules():
         if isinstance(layer, FastLinear):

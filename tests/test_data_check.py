@@ -59,6 +59,7 @@ def test_depth_all_invalid_is_reported(tmp_path, capsys):
     assert "(3 lines, 1 without ground truth)" in out and "no depth value inside (0.001, 80.0)" in out
 
 
+@pytest.mark.slow
 def test_cli_entry_point_missing_root():
     r = procs.run([sys.executable, "-m", "datamodules.check", "--task", "ade20k", "--data-root", "",
                    "--no-progress"], cwd=REPO, timeout=120, env={"COLUMNS": "250", "PATH": ""})

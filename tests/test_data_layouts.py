@@ -64,7 +64,7 @@ def test_cityscapes_train_ids_or_mapped_label_ids(tmp_path, with_train_ids):
 
 
 def test_cityscapes_id_table_hand_checked():
-    from datamodules.cityscapes import labelids_to_trainids
+    from datamodules.datasets.cityscapes import labelids_to_trainids
     ids = np.array([[7, 8, 11, 12, 13, 17, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 31, 32, 33],
                     [0, 1, 4, 6, 9, 10, 14, 15, 16, 18, 29, 30, 255, 0, 0, 0, 0, 0, 0]], np.uint8)
     out = labelids_to_trainids(ids)
@@ -93,7 +93,7 @@ def test_sunrgbd_rotation_round_trip(tmp_path):
         key = str(rec["image"].relative_to(tmp_path))
         np.testing.assert_allclose(ds[i]["depth"].numpy(), gt[key], rtol=1e-6)
     # hand-worked: 1234 mm = 0b10011010010 is stored rotated left by 3 = 9872
-    from datamodules.sunrgbd import decode_sunrgbd_depth
+    from datamodules.datasets.sunrgbd import decode_sunrgbd_depth
     assert mini.sunrgbd_encode(np.array([1234]))[0] == 9872
     assert decode_sunrgbd_depth(np.array([9872], np.uint16))[0] == pytest.approx(1.234)
 

@@ -43,6 +43,7 @@ def test_merge_keeps_each_image_once_in_dataset_order():
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_two_processes_equal_one(setup, monkeypatch):
     root, data, ckpt = setup
     monkeypatch.setattr(paths, "RUNS", root / "one")

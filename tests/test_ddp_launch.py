@@ -66,6 +66,7 @@ def test_wrong_data_root_is_named_before_spawning(plain_machine, tmp_path, capsy
     assert code == 2 and str(missing) in err and "train/<wnid>/*.JPEG" in err
 
 
+@pytest.mark.slow
 def test_paper_preset_on_this_machine_prints_the_scale_line(plain_machine, fixtures_root, tmp_path, capfd):
     # one process on a CPU machine; 1 step of batch 2 (ViT-S/16, 2 x 224 + 8 x 96 crops)
     code = main(["--variant", "softmax", "--data", "imagenet", "--data-root", str(fixtures_root / "imagenet"),

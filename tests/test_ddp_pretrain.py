@@ -39,10 +39,11 @@ def _cmd(runs: Path, extra: list[str], backend: str, pause: int = -1) -> dict:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_two_processes_end_to_end_with_knn_summary_and_head_batchnorm(tmp_path):
     tiny = yaml.safe_load((REPO / "configs/pretrain/tiny.yaml").read_text())
     cbs = tiny["trainer"]["callbacks"]
-    cbs.insert(-1, {"class_path": "lightning_modules.callbacks.KNNCheck", "init_args": {"max_train": 64}})
+    cbs.insert(-1, {"class_path": "lightning_modules.callbacks.knn.KNNCheck", "init_args": {"max_train": 64}})
     cbs.append({"class_path": "ddp_helpers.RankReport", "init_args": {"out_dir": str(tmp_path / "ranks")}})
     extra = tmp_path / "extra.yaml"
     extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs}}))
@@ -91,6 +92,7 @@ def test_sync_batchnorm_under_gpu_ddp_converts_student_and_teacher():
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_two_processes_sigkill_then_resume_is_bitwise_identical(tmp_path):
     # tiny preset: 3 batches per epoch, 2 epochs, a checkpoint every 2 steps, drop-path on (per-rank RNG streams)
     tiny = yaml.safe_load((REPO / "configs/pretrain/tiny.yaml").read_text())

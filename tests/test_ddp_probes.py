@@ -50,6 +50,7 @@ def test_gather_shards_restores_dataset_order_without_duplicates():
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_knn_two_processes_equals_one(demo, tmp_path):
     one = json.loads(main(["--runs-dir", str(tmp_path / "one"), "--task", "knn", *TINY, "--data-root", str(demo),
                            "--knn-k", "1,3,10"]).read_text())
@@ -63,6 +64,7 @@ def test_knn_two_processes_equals_one(demo, tmp_path):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_trained_probes_two_processes_write_results(demo, tmp_path):
     # linear (cached features), segmentation and depth probes, one 2-process session for the three
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", OMP_NUM_THREADS="1")

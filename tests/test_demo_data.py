@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 
 from datamodules import demo
+from datamodules.datasets.voc import voc_palette
 from datamodules.demo import cache, layouts, scenes
-from datamodules.voc import voc_palette
 from datamodules.demo import CLASS_NAMES, IGNORE_INDEX, MARKER, SEG_CLASSES, DemoSpec, ensure_demo_data
 
 SMALL = DemoSpec(cls_train=3, cls_val=2, voc_train=6, voc_val=3, nyu_train=3, nyu_test=2)
@@ -248,3 +248,41 @@ def test_demo_voc_classes_are_class_constants_matching_classes_json(small_root):
     assert list(ds.classes) == meta["seg_classes"] and ds.NUM_CLASSES == len(meta["seg_classes"]) == 9
     assert [list(c) for c in ds.METAINFO["palette"]] == meta["palette"]
     assert ds[0]["mask"].max() < 9 or ds[0]["mask"].max() == IGNORE_INDEX
+
+
+# --- the one demo-data rule (datamodules.demo.is_demo) ----------------------------------------------------------
+IS_DEMO = ["demo", "", None, "  demo ", "DEMO", "demo_cls", "demo_voc", "demo_nyu", "Demo_VOC"]
+NOT_DEMO = ["voc", "voc07", "imagenet", "nyuv2", "kitti", "folder", "imagefolder", "custom_seg", "custom_depth",
+            "demos", "demo_seg", "demo-voc", "demo_voc2", "my_demo", "demonstration"]
+
+
+@pytest.mark.parametrize("name", IS_DEMO)
+def test_is_demo_accepts_the_demo_request_and_the_generated_datasets(name):
+    assert demo.is_demo(name)
+
+
+@pytest.mark.parametrize("name", NOT_DEMO)
+def test_is_demo_is_membership_not_a_prefix(name):
+    assert not demo.is_demo(name)
+
+
+def test_registry_demo_datasets_are_exactly_the_generated_ones():
+    from datamodules import DATASETS
+    assert {n for n in DATASETS if demo.is_demo(n)} == {"demo_cls", "demo_voc", "demo_nyu"}
+
+
+def test_demo_data_values_resolve_to_their_demo_dataset(small_root, tmp_path):
+    from datamodules import resolve_data
+    from datamodules.depth import DepthDataModule
+    from datamodules.errors import MissingDataError
+    # DATA demo (or '') -> the consumer's own demo dataset; a DATA naming a demo dataset -> that one
+    assert resolve_data("demo", small_root, "demo_voc") == ("demo_voc", small_root)
+    assert resolve_data("", str(small_root), "demo_nyu") == ("demo_nyu", small_root)
+    assert resolve_data("demo_nyu", small_root, "demo_voc") == ("demo_nyu", small_root)
+    with pytest.raises(MissingDataError, match="no classes.json"):
+        resolve_data("demo_voc", tmp_path, "demo_voc")
+    with pytest.raises(MissingDataError, match="needs --data-root"):
+        resolve_data("demos", "", "demo_voc")  # not the demo: a real dataset name without its folder
+    assert DepthDataModule("demo_nyu", small_root).data == "demo_nyu"
+    with pytest.raises(ValueError, match="no depth evaluation settings for 'demo_voc'"):
+        DepthDataModule("demo_voc", small_root)  # demo segmentation scenes have no depth

@@ -24,6 +24,7 @@ def small_voc(tmp_path_factory):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_pretraining_series_tensorboard_and_the_probe_cli_agree(tmp_path, small_voc):
     import yaml
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -32,7 +33,7 @@ def test_pretraining_series_tensorboard_and_the_probe_cli_agree(tmp_path, small_
     from probes.run import main as probe
     from study.points import keep_args
     cbs = yaml.safe_load((REPO / "configs/pretrain/tiny.yaml").read_text())["trainer"]["callbacks"]
-    cbs.insert(-1, {"class_path": "lightning_modules.dense_check.DenseProbeCheck",
+    cbs.insert(-1, {"class_path": "lightning_modules.callbacks.dense_check.DenseProbeCheck",
                     "init_args": {"data_root": str(small_voc), "every_n_epochs": 1, **CHECK}})
     extra = tmp_path / "extra.yaml"
     extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs}}))
@@ -72,6 +73,40 @@ def test_pretraining_series_tensorboard_and_the_probe_cli_agree(tmp_path, small_
         assert m["aAcc"] == pytest.approx(point["dense/aAcc"], abs=1e-9), ckpt
 
 
+@pytest.mark.timeout(300)
+def test_one_forward_per_image_and_one_collective_for_the_sums(small_voc):
+    """Each labelled image goes through the teacher once (the attention of the first ``attn_images`` val images is
+    read from that forward): the attention measures equal an independent computation on ``attention_maps``; the
+    named sums reach the ranks in one reduce after the probe's."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from backbones import create_vit
+    from lightning_modules.callbacks.dense_check import DenseProbeCheck
+    from probes.features import normalize_images
+    model = create_vit("vit_test_patch8", "softmax", seed=0).eval()
+    seen = []
+    model.patch_embed.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[0]))
+    cb = DenseProbeCheck(data_root=str(small_voc), **CHECK)
+    dm = cb.datamodule(model.patch_size)
+    calls = []
+    strategy = SimpleNamespace(reduce=lambda t, reduce_op: (calls.append(t.numel()), t)[1])  # 2 identical ranks
+    module = SimpleNamespace(teacher=SimpleNamespace(backbone=model), device=torch.device("cpu"))
+    one = cb.evaluate(SimpleNamespace(global_rank=0, world_size=1), module)
+    assert sum(seen) == len(dm.train_set) + len(dm.val_set) == 2 * CHECK["max_samples"]
+    D, n = model.embed_dim, CHECK["attn_images"]
+    imgs = torch.stack([dm.val_set[i]["image"] for i in range(n)])
+    with torch.no_grad():
+        attns = model.attention_maps(normalize_images(imgs))  # (n, heads, T, T) per block
+    ent = torch.stack([-(a.double() * a.double().clamp_min(1e-300).log()).sum(-1).mean((1, 2)) for a in attns])
+    assert one["diffusion/attn_entropy"] == pytest.approx(ent.mean().item(), rel=1e-6)
+    assert one["diffusion/attn_zero_share"] == 0.0  # softmax: no exact zeros
+    two = cb.evaluate(SimpleNamespace(global_rank=0, world_size=2, strategy=strategy), module)
+    assert calls[-1] == 7 + D * D and 7 not in calls  # after the probe's reduces: every named sum at once
+    assert two["diffusion/attn_entropy"] == pytest.approx(ent[:, ::2].mean().item(), rel=1e-6)  # rank 0's shard
+
+
 def _worker(out: str, devices: int, root: str) -> None:
     """A LightningModule holding a random ``teacher.backbone``; one optimizer step of a dummy parameter (the
     backbone stays as it was), DenseProbeCheck at the start and the end; rank 0 writes the series."""
@@ -79,7 +114,7 @@ def _worker(out: str, devices: int, root: str) -> None:
     import torch
 
     from backbones import create_vit
-    from lightning_modules.dense_check import DenseProbeCheck
+    from lightning_modules.callbacks.dense_check import DenseProbeCheck
 
     class Fake(L.LightningModule):
         def __init__(self):
@@ -104,6 +139,7 @@ def _worker(out: str, devices: int, root: str) -> None:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_two_processes_equal_one(tmp_path, small_voc):
     from helpers.procs import run
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", OMP_NUM_THREADS="1")

@@ -1,6 +1,6 @@
 """An official DINO training checkpoint (``main_dino.py``'s ``checkpoint.pth``) loads with weights_only=True.
 
-The official ViT, head and wrapper are the transcription of facebookresearch/dino in ``bench/official_vit.py``
+The official ViT, head and wrapper are the transcription of facebookresearch/dino in ``official/vit.py``
 (``vision_transformer.py``: vit_small, DINOHead; ``utils.py``: MultiCropWrapper); drop path / dropout are zero.
 The checkpoint is saved with the keys and objects of ``main_dino.py``: student under DDP (``module.`` prefixes), teacher plain, the optimiser state of the
 student's two parameter groups (``--optimizer sgd``, the lighter of DINO's options), epoch, ``args`` as an ``argparse.Namespace`` and the ``dino_loss`` center.
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import backbones
-from bench.official_vit import DINOHead, MultiCropWrapper, get_params_groups, vit_small
+from official.vit import DINOHead, MultiCropWrapper, get_params_groups, vit_small
 from tokenmix.io import CheckpointError, safe_torch_load
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")  # DINO's own (old) weight-norm API

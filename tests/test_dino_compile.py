@@ -59,6 +59,7 @@ def test_custom_op_matches_the_autograd_function_bit_for_bit():
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_compiled_fit_matches_eager_and_compiles_each_shape_once(tmp_path):
     # both GEMM backends on every host, whatever the vendor: the eager fit on oneDNN, the compiled one on
     # torch's default GEMM (compiled graphs never take the oneDNN path, backbones/linear.py)

@@ -1,6 +1,6 @@
 """The optimised DINO step (fused AdamW, multi-tensor clip and EMA, no last-layer gradient while frozen,
 statistics every N steps, [CLS]-only last block, drop-path on kept samples only, oneDNN linears) against
-facebookresearch/dino's own step: ``bench/official_main_dino.py``'s ``train_step`` on ``bench/official_vit.py``'s
+facebookresearch/dino's own step: ``official/main_dino.py``'s ``train_step`` on ``official/vit.py``'s
 ``vit_small`` (transcriptions that import nothing of the project), fp32, 5 steps across the frozen -> trainable
 last-layer boundary, the project on both GEMM backends."""
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from bench import official_main_dino as official
-from bench import official_vit as vits
 from lightning_modules.dino_module import DINOPretrainModule
 from lightning_modules.fast_ops import clip_grad_norms_, ema_
+from official import main_dino as official
+from official import vit as vits
 
 BATCH, NITER, EPOCHS, STEPS = 4, 3, 2, 5
 # fp32, independent code (the official attention and loss order their sums otherwise): measured up to 1.4e-6
@@ -65,18 +65,7 @@ class Seeder(pl.Callback):
         self.losses.append(float(outputs["loss"]))
 
 
-# ----------------------------------------------------------------- reference: the official step, transcribed
-def timm_drawn_drop_path(x, drop_prob: float = 0., training: bool = False):
-    """The official ``drop_path`` maths with timm's draw (one ``bernoulli_`` on a (B, 1, ...) tensor), the draw
-    the project keeps (backbones/block.py): the official ``floor(keep + rand)`` gives other masks from the same
-    seed. The only change made to the reference, so that both sides drop the same samples."""
-    if drop_prob == 0. or not training:
-        return x
-    keep_prob = 1 - drop_prob
-    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep_prob)
-    return x.div(keep_prob) * mask
-
-
+# ----------------------------------------------------------------- reference: the official step (official/)
 def official_models(m: DINOPretrainModule):
     """``train_dino``'s student / teacher / DINOLoss for ``m``'s shapes, holding ``m``'s initial weights (strict
     loads: the official keys). The ViT is the official ``VisionTransformer`` built as ``vit_small`` builds it
@@ -129,11 +118,12 @@ def _split_key_bias(name, a, b):
 # ----------------------------------------------------------------- tests
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("backend", ["aten", "onednn"])  # the same two on every host (backbones/linear.py)
+@pytest.mark.slow
 def test_five_optimised_steps_match_the_official_main_dino_step(tmp_path, backend, monkeypatch):
     torch.manual_seed(0)
     m = tiny_module(backbone={"drop_path_rate": 0.1, "linear_backend": backend})
     ref_student, ref_teacher, ref_loss = official_models(m)
-    monkeypatch.setattr(vits, "drop_path", timm_drawn_drop_path)
+    monkeypatch.setattr(vits, "drop_path", vits.timm_drawn_drop_path)
     batches = make_batches(NITER)
     seeder = Seeder()
     trainer = pl.Trainer(max_epochs=EPOCHS, max_steps=STEPS, accelerator="cpu", logger=False,
@@ -247,6 +237,7 @@ class _LastLayerGrads(pl.Callback):
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_two_process_ddp_keeps_the_official_frozen_layer_handling(tmp_path):
     torch.manual_seed(0)
     m = tiny_module()

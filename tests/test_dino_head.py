@@ -1,4 +1,4 @@
-"""DINOHead / MultiCropWrapper against an independent build of the official head (torch weight_norm)."""
+"""DINOHead / MultiCropWrapper against the official head (official/vit.py, torch weight_norm)."""
 from __future__ import annotations
 
 import warnings
@@ -10,24 +10,19 @@ from torch import nn
 from lightning_modules.dino_head import DINOHead, MultiCropWrapper
 
 
-class OfficialStyleHead(nn.Module):
-    """The official structure rebuilt with torch's own weight_norm (keys last_layer.weight_g / weight_v)."""
-
-    def __init__(self, in_dim, out_dim, hidden, bottleneck):
-        super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(in_dim, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
-                                 nn.Linear(hidden, bottleneck))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # deprecated but still the official layer
-            self.last_layer = nn.utils.weight_norm(nn.Linear(bottleneck, out_dim, bias=False))
-
-    def forward(self, x):
-        return self.last_layer(F.normalize(self.mlp(x), dim=-1, p=2))
+def official_head(in_dim, out_dim, hidden, bottleneck):
+    """facebookresearch/dino's DINOHead (official/vit.py: torch's own weight_norm, keys last_layer.weight_g /
+    weight_v), as a trained head is: norm_last_layer=False."""
+    from official.vit import DINOHead as OfficialHead
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecated but still the official layer
+        return OfficialHead(in_dim, out_dim, norm_last_layer=False, nlayers=3, hidden_dim=hidden,
+                            bottleneck_dim=bottleneck)
 
 
 def test_official_weights_load_and_give_the_same_output():
     torch.manual_seed(0)
-    ref = OfficialStyleHead(24, 50, 40, 16)
+    ref = official_head(24, 50, 40, 16)
     with torch.no_grad():
         ref.last_layer.weight_g.uniform_(0.5, 2.0)  # a trained head (norm_last_layer=False) has gains != 1
     sd = ref.state_dict()

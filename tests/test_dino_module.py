@@ -56,6 +56,7 @@ class Probe(pl.Callback):
         self.checked += 1
 
 
+@pytest.mark.slow
 def test_ema_schedules_and_frozen_last_layer_in_a_real_fit(tmp_path):
     from datamodules.pretraining import DINOPretrainDataModule
     dm = DINOPretrainDataModule(batch_size=4, num_workers=0, n_local_crops=1, multicrop_preset="demo",

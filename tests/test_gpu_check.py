@@ -28,8 +28,9 @@ def _env(**extra) -> dict:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_gpu_check_skips_cleanly_without_a_gpu(tmp_path):
-    proc = procs.run([sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path / "o")], cwd=ROOT,
+    proc = procs.run([sys.executable, "-m", "gpu_check", "--out", str(tmp_path / "o")], cwd=ROOT,
                      timeout=110, env=_env())
     assert proc.returncode == 0 and proc.stdout.strip() == "no CUDA GPU: skipped", proc.stdout + proc.stderr
     assert not (tmp_path / "o").exists()
@@ -38,7 +39,7 @@ def test_gpu_check_skips_cleanly_without_a_gpu(tmp_path):
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
-    proc = procs.run([sys.executable, "-m", "bench.gpu_check", "--smoke", "--out", str(out)], cwd=ROOT,
+    proc = procs.run([sys.executable, "-m", "gpu_check", "--smoke", "--out", str(out)], cwd=ROOT,
                      timeout=840, env=_env(TRITON_INTERPRET="1"))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     return out, proc.stdout, {p: json.loads((out / f"part_{p}.json").read_text()) for p in "abcde"}

@@ -1,4 +1,4 @@
-"""bench.kernel_report: the attention kernels compiled for sm_90 and sm_80 without a GPU (issue 26 deliverable 4,
+"""kernel_model.report: the attention kernels compiled for sm_90 and sm_80 without a GPU (issue 26 deliverable 4,
 issue 31 deliverable 2), the SASS counter and the cost model against hand-worked cases, the flash yardstick
 against softmax attention.
 
@@ -18,11 +18,10 @@ import torch
 import triton  # noqa: E402  (a dependency of torch on Linux x86_64: missing = an error, not a skip)
 import triton.language as tl  # noqa: E402
 
-from bench import cost_model, kernel_report as kr, sass, sass_loops  # noqa: E402
-from bench import flash_yardstick as fy  # noqa: E402
-from bench import onchip_probe  # noqa: E402
-from bench.kernel_compile import compile_launch, loops_of  # noqa: E402
-from backbones.triton_attention import KernelLaunch  # noqa: E402
+from kernel_model import cost_model, report as kr, sass, sass_loops  # noqa: E402
+from kernel_model import flash_yardstick as fy  # noqa: E402
+from kernel_model.compiler import compile_launch, loops_of  # noqa: E402
+from backbones.triton_plan import KernelLaunch  # noqa: E402
 from helpers.procs import run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,6 +123,7 @@ def test_mma_shapes_hand_worked():
 
 @compiled
 @pytest.mark.parametrize("target", ["sm_90", "sm_80"])
+@pytest.mark.slow
 def test_sass_counts_one_dot(target):
     """One 64x64x64 bf16 product in 4 warps = 262144 multiply-adds: on sm_90 wgmma (HGMMA, one warpgroup), on
     sm_80 mma.sync m16n8k16 (HMMA, 2048 each) = 32 per warp."""
@@ -140,6 +140,7 @@ def test_sass_counts_one_dot(target):
 
 
 @compiled
+@pytest.mark.slow
 def test_sass_counts_exp_loop():
     """128 fp32 elements over 4 warps: one tl.exp = one MUFU.EX2 per thread per iteration, cdiv(1000, 128) = 8
     iterations for N = 1000 (N bound through the helper's call site). ptxas unrolls this small loop 4 times
@@ -175,10 +176,10 @@ def reports():
     build/kernel_report by source hash, so only a changed kernel compiles again."""
     out = {}
     for target, combos in _SUBSET.items():
-        rep = kr.report(target, combos, passes=3, module=None, jobs=os.cpu_count() or 1, yardstick=False)
+        rep = kr.report(target, combos, passes=3, jobs=os.cpu_count() or 1, yardstick=False)
         if target == "sm_90":
             rep["kernels"] += kr.report(target, [(n, "bf16", "entmax15") for n in (37, 197, 785)], passes=3,
-                                        module=None, jobs=os.cpu_count() or 1)["kernels"]
+                                        jobs=os.cpu_count() or 1)["kernels"]
         out[target] = rep
     return out
 
@@ -259,27 +260,13 @@ def test_every_loop_trip_count_is_resolved(reports):
         rows[0]["loops"]
 
 
-@compiled
-def test_onchip_probe_register_limit():
-    """What docs/performance.md says keeps 273-1025 keys' scores off the registers (bench.onchip_probe, sm_90):
-    4 warps hold two 128-key tiles without spilling and spill at three, stored as fp16 too (a 16-bit element
-    takes a 32-bit register); 8 warps lay the 64-row q k^T tile [8, 1] (128 rows of warps: each warpgroup repeats
-    the other's products) and hold no more keys per thread."""
-    two, three = onchip_probe.probe(4, 2, "fp16"), onchip_probe.probe(4, 3, "fp16")
-    assert two["stack"] == 0 and three["stack"] > 0 and two["wgmma"] > 0, (two, three)
-    assert onchip_probe.probe(4, 2, "fp32")["registers"] == two["registers"]
-    wide = onchip_probe.probe(8, 2, "fp16")
-    assert two["qk_layout"] == "[4, 1]" and wide["qk_layout"] == "[8, 1]", (two, wide)
-    assert wide["registers"] > 0.9 * two["registers"], wide
-
-
 class _Launch:
     def __init__(self, single):
         self.constexprs = {"SINGLE": single}
 
 
 def test_measured_passes_per_n_and_path(tmp_path):
-    """--passes-from: the per-program mean of bench.threshold_passes' record for that N, path and source; the
+    """--passes-from: the per-program mean of kernel_model.threshold_passes' record for that N, path and source; the
     default where none was measured."""
     f = tmp_path / "p.json"
     f.write_text(json.dumps([dict(source="vit", n=197, path="single", tile_mean=4.0),
@@ -294,11 +281,12 @@ def test_measured_passes_per_n_and_path(tmp_path):
 
 @compiled
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_measured_passes_set_the_threshold_loop(tmp_path):
     """The block-wise forward's while loop runs the measured per-program mean minus the fused first sweep."""
     f = tmp_path / "p.json"
     f.write_text(json.dumps([dict(source="vit", n=785, path="block", tile_mean=4.17)]))
-    rep = kr.report("sm_90", [(785, "bf16", "entmax15")], kr.measured_passes(str(f), "vit", 3.0), None,
+    rep = kr.report("sm_90", [(785, "bf16", "entmax15")], kr.measured_passes(str(f), "vit", 3.0),
                     yardstick=False)
     whiles = [lp["trips"] for r in rep["kernels"] if r["kernel"] == "fwd" for lp in r["loops"] if "while" in lp["how"]]
     assert whiles and all(t == pytest.approx(3.17) for t in whiles), whiles
@@ -306,6 +294,7 @@ def test_measured_passes_set_the_threshold_loop(tmp_path):
 
 
 @compiled
+@pytest.mark.slow
 def test_cli_table_and_json(tmp_path, capsys):
     out = tmp_path / "r.json"
     rc = kr.main(["--n", "37", "--dtype", "bf16", "--kind", "sparsemax", "--json", str(out)])
@@ -321,7 +310,7 @@ def test_cli_table_and_json(tmp_path, capsys):
 # ------------------------------------------------------------------ the yardstick's values
 _YARDSTICK_CHECK = """
 import torch
-from bench.flash_yardstick import flash_attention
+from kernel_model.flash_yardstick import flash_attention
 torch.manual_seed(0)
 for n, m in ((37, 37), (100, 130)):
     q, k, v = (torch.randn(3, x, 64).requires_grad_(True) for x in (n, m, m))
@@ -339,6 +328,7 @@ print("ok")
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_yardstick_is_softmax_attention():
     """The flash yardstick's forward and backward kernels (interpreter, fp32) against float64 softmax attention."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
@@ -348,6 +338,7 @@ def test_yardstick_is_softmax_attention():
 
 @pytest.mark.runs_elsewhere(not _INTERPRETED, reason="Triton is in compiled mode here: the tests ran directly")
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_in_compiled_mode():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])

@@ -144,7 +144,7 @@ def test_imagefolder_with_any_class_names(fixtures_root, tmp_path):
 # --------------------------------------------------------------------------- DATA=folder
 
 def test_folder_index_finds_every_image_and_converts_modes(fixtures_root, tmp_path):
-    from datamodules.folder import build_index
+    from datamodules.datasets.folder import build_index
     from datamodules.transforms.multicrop import MultiCropTransform
     written, bad = make_mixed_folder(fixtures_root, tmp_path / "imgs")
     index = build_index(tmp_path / "imgs")
@@ -165,7 +165,7 @@ def test_folder_index_finds_every_image_and_converts_modes(fixtures_root, tmp_pa
 
 
 def test_folder_index_cached_once_and_read_by_other_ranks(fixtures_root, tmp_path, monkeypatch):
-    import datamodules.folder as folder
+    import datamodules.datasets.folder as folder
     make_mixed_folder(fixtures_root, tmp_path / "imgs")
     index, path = folder.open_index(tmp_path / "imgs", index_dir=str(tmp_path / "run"), rank=0, max_corrupt=0.1)
     saved = json.loads(path.read_text())
@@ -179,7 +179,7 @@ def test_folder_index_cached_once_and_read_by_other_ranks(fixtures_root, tmp_pat
 
 
 def test_folder_corrupt_file_met_on_reading_is_skipped_listed_and_bounded(fixtures_root, tmp_path):
-    from datamodules.folder import FolderDataset, open_index
+    from datamodules.datasets.folder import FolderDataset, open_index
     written, bad = make_mixed_folder(fixtures_root, tmp_path / "imgs")
     index, path = open_index(tmp_path / "imgs", index_dir=str(tmp_path / "run"), rank=0, max_corrupt=0.1)
     ds = FolderDataset(tmp_path / "imgs", index=index, index_path=path, max_corrupt=0.1)
@@ -325,12 +325,12 @@ def test_check_data_knows_the_custom_layouts(seg_root, capsys):
 
 
 def test_study_plans_the_custom_datasets(tmp_path):
-    from study.plan import Spec, command, plan
+    from study.plan import Spec, plan
     spec = Spec.create(name="own", variants=["softmax"], seeds=[0], tasks=["seg", "depth", "knn", "pca"],
                        preset="tiny", data="folder", data_root="/imgs", root=tmp_path,
                        task_data=[("seg", "custom_seg", "/seg"), ("depth", "custom_depth", "/depth"),
                                   ("knn", "imagefolder", "/cls")])
-    cmds = {c.id: command(spec, c, "py") for c in plan(spec)}
+    cmds = {c.id: c.command("py") for c in plan(spec)}
     assert cmds["pretrain.softmax.seed0"][3:9] == ["--variant", "softmax", "--data", "folder", "--data-root", "/imgs"]
     for task, data, root in (("seg", "custom_seg", "/seg"), ("depth", "custom_depth", "/depth"),
                              ("knn", "imagefolder", "/cls"), ("pca", "folder", "/imgs")):

@@ -21,6 +21,7 @@ def _probe(runs: Path, *argv) -> dict:
     return json.loads(main(["--runs-dir", str(runs), *PROBE, *argv]).read_text())
 
 
+@pytest.mark.slow
 def test_seg_probe_on_custom_seg_equals_voc_on_the_same_files(fixtures_root, tmp_path):
     own = make_custom_seg(fixtures_root, tmp_path / "seg")
     voc = _probe(tmp_path / "runs", "--task", "voc", "--data", "voc", "--data-root", str(fixtures_root / "voc"),
@@ -33,6 +34,7 @@ def test_seg_probe_on_custom_seg_equals_voc_on_the_same_files(fixtures_root, tmp
     assert list(named.values()) == mine["metrics"]["per_class_IoU"]
 
 
+@pytest.mark.slow
 def test_depth_probe_on_custom_depth_equals_nyuv2_on_the_same_frames(fixtures_root, tmp_path):
     nyu, own = make_nyu_pair(fixtures_root, tmp_path / "nyu", tmp_path / "own")
     ref = _probe(tmp_path / "runs", "--task", "nyuv2", "--data", "nyuv2", "--data-root", str(nyu),
@@ -47,6 +49,7 @@ def test_depth_probe_on_custom_depth_equals_nyuv2_on_the_same_frames(fixtures_ro
     assert other["metrics"]["rmse"] != ref["metrics"]["rmse"]
 
 
+@pytest.mark.slow
 def test_folder_pretraining_caches_its_index_and_lists_unreadable_files(fixtures_root, tmp_path, capsys):
     from lightning_modules.pretrain import main
     written, bad = make_mixed_folder(fixtures_root, tmp_path / "imgs")
@@ -82,6 +85,7 @@ def test_analyses_run_on_a_folder(fixtures_root, tmp_path):
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_folder_pretraining_learns(tmp_path):
     """DATA=folder on the demo's training images (no labels read), the demo preset for 8 steps: the teacher's
     k-NN top-1 on held-out demo images, computed here as DINO's eval_knn, beats its exact starting weights (the
@@ -118,7 +122,7 @@ def _scan_counting_pretrain() -> int:
     import os
     import sys
 
-    import datamodules.folder as folder
+    import datamodules.datasets.folder as folder
     from lightning_modules.pretrain import main
     scan = folder.scan_folder
 
@@ -131,6 +135,7 @@ def _scan_counting_pretrain() -> int:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_two_processes_scan_the_folder_once(fixtures_root, tmp_path):
     """Lightning DDP, 2 CPU processes (gloo): rank 0 scans before the other process exists, rank 1 reads the
     cached index; both train on it (the tiny preset's 1 step)."""

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from backbones import parse_variant  # noqa: F401  (variant names are validated by main)
-from lightning_modules.pretrain import PRESETS, main as pretrain_main
+from lightning_modules.pretrain import OBJECTIVES, main as pretrain_main
 from probes.run import main as probe_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,10 +20,11 @@ def _printed(capsys) -> dict:
     return yaml.safe_load(out[out.index("seed_everything"):])
 
 
-@pytest.mark.parametrize("preset", PRESETS)
-def test_pretrain_preset_prints_config(preset, capsys, tmp_path):
-    assert pretrain_main(["--preset", preset, "--variant", "entmax+lastvit", "--runs-dir", str(tmp_path),
-                          "--print_config"]) == 0
+@pytest.mark.parametrize("objective,preset", [(o, p) for o in OBJECTIVES for p in OBJECTIVES[o].presets])
+@pytest.mark.slow
+def test_pretrain_preset_prints_config(objective, preset, capsys, tmp_path):
+    assert pretrain_main(["--objective", objective, "--preset", preset, "--variant", "entmax+lastvit",
+                          "--runs-dir", str(tmp_path), "--print_config"]) == 0
     cfg = _printed(capsys)
     raw = yaml.safe_load((REPO / "configs" / "pretrain" / f"{preset}.yaml").read_text())
     assert cfg["model"]["arch"] == raw["model"]["arch"] and cfg["model"]["variant"] == "entmax+lastvit"
@@ -35,6 +36,7 @@ def test_pretrain_preset_prints_config(preset, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.slow
 def test_every_variant_file_prints_config(variant, capsys, tmp_path):
     assert pretrain_main(["--preset", "tiny", "--variant", variant, "--runs-dir", str(tmp_path),
                           "--print_config"]) == 0

@@ -27,7 +27,7 @@ def entmax_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
     tiny = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/pretrain/tiny.yaml").read_text())
     cbs = tiny["trainer"]["callbacks"]
-    cbs.insert(-1, {"class_path": "lightning_modules.callbacks.KNNCheck", "init_args": {"max_train": 256}})
+    cbs.insert(-1, {"class_path": "lightning_modules.callbacks.knn.KNNCheck", "init_args": {"max_train": 256}})
     extra = runs / "knn.yaml"
     extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs}}))
     assert main(["--variant", "entmax", "--runs-dir", str(runs), *FAST, f"--config={extra}"]) == 0
@@ -106,6 +106,7 @@ def test_export_writes_official_backbone_format(entmax_run, tmp_path):
 
 
 @pytest.mark.parametrize("variant", ["softmax", "registers", "specialization", "lastvit", "entmax+lastvit"])
+@pytest.mark.slow
 def test_every_variant_pretrains(variant, tmp_path):
     args = ["--variant", variant, "--runs-dir", str(tmp_path), *FAST, "--trainer.max_epochs=1",
             "--data.batches_per_epoch=2", "--model.warmup_epochs=0", "--model.warmup_teacher_temp_epochs=0",
@@ -117,6 +118,7 @@ def test_every_variant_pretrains(variant, tmp_path):
         assert ck["state_dict"]["student.backbone.reg_token"].shape[1] == 4
 
 
+@pytest.mark.slow
 def test_unknown_variant_and_key_are_clear_errors(tmp_path, capsys):
     assert main(["--variant", "bogus", "--runs-dir", str(tmp_path), *FAST]) == 2
     err = capsys.readouterr().err
@@ -133,6 +135,7 @@ def test_real_dataset_without_root_names_the_layout(tmp_path, capsys):
     assert "DATA_ROOT" in err
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_naming_step_and_checkpoint(tmp_path, capsys, monkeypatch):
     from lightning_modules.dino_loss import DINOLoss
     calls = {"n": 0}
@@ -149,6 +152,7 @@ def test_non_finite_loss_stops_naming_step_and_checkpoint(tmp_path, capsys, monk
     assert "loss is nan at step 3" in err and "last.ckpt" in err
 
 
+@pytest.mark.slow
 def test_preset_may_be_a_yaml_path(tmp_path):
     import shutil
 
@@ -187,16 +191,15 @@ def _demo_split(root: Path, split: str, every: int):
 
 @torch.no_grad()
 def _knn_top1(model, train, val, k: int = 20, T: float = 0.07) -> float:
-    """facebookresearch/dino eval_knn.knn_classifier, transcribed: cosine similarity of the [CLS] features,
-    top-k neighbours weighted by exp(sim / T), the class with the largest summed weight."""
+    """facebookresearch/dino's eval_knn.knn_classifier (official/eval_knn.py) on the [CLS] features, L2-normalised
+    as its extract_features leaves them: top-k neighbours weighted by exp(sim / T)."""
+    from official.eval_knn import knn_classifier
     feats = lambda x: torch.nn.functional.normalize(torch.cat([model(b) for b in x.split(256)]), dim=1)  # noqa: E731
-    ftr, fva = feats(train[0]), feats(val[0])
-    sim, idx = (fva @ ftr.T).topk(k, dim=1)
-    votes = torch.zeros(len(fva), int(train[1].max()) + 1).scatter_add_(1, train[1][idx], (sim / T).exp())
-    return 100.0 * (votes.argmax(1) == val[1]).float().mean().item()
+    return knn_classifier(feats(train[0]), train[1], feats(val[0]), val[1], k, T, int(train[1].max()) + 1)[0]
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_demo_pretraining_beats_its_random_init_on_knn(tmp_path):
     """25 DINO steps of the demo preset (batch 64, no warm-up): the teacher's k-NN top-1 (k=20, T=0.07) on
     held-out demo images, computed here, beats the same network at its exact starting weights. Measured:
@@ -222,3 +225,72 @@ def test_demo_pretraining_beats_its_random_init_on_knn(tmp_path):
     before, after = _knn_top1(init.eval(), train, val), _knn_top1(trained, train, val)
     print(f"k-NN top-1 at the starting weights {before:.2f} -> after 25 steps {after:.2f}")
     assert after >= before + 1.0  # at least 4 more of the 400 held-out images right
+
+
+# -- one entry point for both objectives ---------------------------------------------------------------------------
+def _printed_precision(capsys) -> str:
+    out = capsys.readouterr().out
+    return yaml.safe_load(out[out.index("seed_everything"):])["trainer"]["precision"]
+
+
+@pytest.mark.parametrize("objective,preset", [("dino", "demo"), ("supervised", "supervised_demo")])
+@pytest.mark.slow
+def test_cpu_precision_fallback_is_the_same_for_both_objectives(objective, preset, tmp_path, capsys, monkeypatch):
+    """A preset's GPU mixed precision falls back to 32-true when the run will be on the CPU: no CUDA, or CUDA
+    present but ``--trainer.accelerator=cpu`` (the case the supervised CLI used to miss), and stays otherwise."""
+    repo = Path(__file__).resolve().parents[1]
+    cfg = yaml.safe_load((repo / "configs" / "pretrain" / f"{preset}.yaml").read_text())
+    cfg["trainer"].update(accelerator="auto", precision="bf16-mixed")
+    path = tmp_path / f"{preset}_bf16.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    base = ["--objective", objective, "--variant", "softmax", "--preset", str(path), "--runs-dir", str(tmp_path)]
+    cases = [(True, ["--trainer.accelerator=cpu"], "32-true"), (True, [], "bf16-mixed"), (False, [], "32-true"),
+             (True, ["--trainer.accelerator=cpu", "--trainer.precision=bf16-mixed"], "bf16-mixed")]
+    for cuda, extra, want in cases:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        assert main(base + extra + ["--print_config"]) == 0
+        assert _printed_precision(capsys) == want, (cuda, extra)
+
+
+@pytest.mark.slow
+def test_objective_flag_picks_presets_and_refuses_the_others(tmp_path, capsys):
+    assert main(["--objective", "nope", "--runs-dir", str(tmp_path)]) == 2
+    assert "--objective 'nope': valid are dino, supervised" in capsys.readouterr().err
+    assert main(["--objective", "supervised", "--preset", "demo", "--runs-dir", str(tmp_path)]) == 2
+    assert "unknown preset 'demo' for --objective supervised" in capsys.readouterr().err
+    assert main(["--preset", "supervised_demo", "--runs-dir", str(tmp_path)]) == 2  # default objective: dino
+    # the default preset of each objective for DATA=demo: its model class
+    assert main(["--objective", "supervised", "--runs-dir", str(tmp_path), "--print_config"]) == 0
+    out = capsys.readouterr().out
+    cfg = yaml.safe_load(out[out.index("seed_everything"):])
+    assert "num_classes" in cfg["model"] and "n_local_crops" not in cfg["model"]  # SupervisedModule
+    assert Path(cfg["trainer"]["logger"]["init_args"]["save_dir"]).parts[-2:] == ("softmax", "pretrain")
+    assert cfg["trainer"]["logger"]["init_args"]["name"] == "supervised_demo"
+
+
+def test_latest_checkpoint_is_the_newest_of_the_objective(tmp_path):
+    """One lookup for RESUME=1 (per objective) and for probes / export (either): hand-set mtimes decide."""
+    import os
+
+    from lightning_modules.pretrain import resolve_resume
+    from tokenmix.io import CheckpointError
+    from tokenmix.paths import latest_checkpoint
+    root = tmp_path / "softmax" / "pretrain"
+    files = {"dino_old": root / "demo/version_0/checkpoints/last.ckpt", "dino_new": root / "paper/version_3/last.ckpt",
+             "sup": root / "supervised_demo/version_1/checkpoints/last.ckpt"}
+    for i, (name, f) in enumerate(files.items()):
+        f.parent.mkdir(parents=True)
+        f.write_bytes(b"x")
+        os.utime(f, (1000 + i, 1000 + i))  # dino_old < dino_new < sup
+    (root / "demo/version_0/checkpoints/epoch0.ckpt").write_bytes(b"x")  # not a last.ckpt
+    assert latest_checkpoint("softmax", runs=tmp_path) == files["sup"]
+    assert latest_checkpoint("softmax", "dino", runs=tmp_path) == files["dino_new"]
+    assert latest_checkpoint("softmax", "supervised", runs=tmp_path) == files["sup"]
+    assert resolve_resume("1", "softmax", tmp_path) == str(files["dino_new"])
+    assert resolve_resume("last", "softmax", tmp_path, "supervised") == str(files["sup"])
+    os.utime(files["dino_old"], (2000, 2000))
+    assert latest_checkpoint("softmax", "dino", runs=tmp_path) == files["dino_old"]
+    with pytest.raises(FileNotFoundError, match="OBJECTIVE=supervised VARIANT=entmax"):
+        latest_checkpoint("entmax", "supervised", runs=tmp_path)
+    with pytest.raises(CheckpointError, match="RESUME=1: no last.ckpt of a dino run"):
+        resolve_resume("1", "entmax", tmp_path)

@@ -1,5 +1,6 @@
 """The feature cache: the backbone runs in the first epoch only, and training is unchanged by it."""
 import lightning as L
+import pytest
 import torch
 
 from backbones import create_vit
@@ -59,6 +60,7 @@ def _fit(cache: bool, epochs: int = 3):
     return module, calls["n"]
 
 
+@pytest.mark.slow
 def test_backbone_runs_once_and_results_equal_uncached():
     cached, n_cached = _fit(cache=True)
     plain, n_plain = _fit(cache=False)

@@ -19,6 +19,7 @@ def demo(tmp_path_factory):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_probe_and_analysis_results_have_the_same_top_level_keys(demo, tmp_path, monkeypatch):
     import datamodules.demo
     from analysis import run as analysis_run

@@ -8,7 +8,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lightning_modules.callbacks import RunSummary
+from lightning_modules.callbacks.summary import RunSummary
 from lightning_modules.dino_module import DINOPretrainModule
 from test_dino_fast_step import FixedData, make_batches
 
@@ -39,6 +39,7 @@ class FakeKNN(pl.Callback):
                                          "knn/gain": torch.tensor(30.0)})
 
 
+@pytest.mark.slow
 def test_summary_from_logged_metrics(tmp_path):
     torch.manual_seed(0)
     m = NoPeeking(arch="vit_test_patch8", variant="softmax", out_dim=64, head_hidden_dim=32, head_bottleneck_dim=16,
@@ -70,3 +71,22 @@ def test_summary_from_logged_metrics(tmp_path):
     fresh = RunSummary(window=2)
     fresh.load_state_dict(state)
     assert [float(x) for x in fresh.first] == [float(x) for x in summ.first]
+
+
+def test_both_summaries_share_the_loss_windows(tmp_path):
+    """RunSummary and SupervisedSummary keep the windows on one base: the first ``window`` logged losses and the
+    last ``window`` (steps that logged none are skipped), means worked by hand; the first window survives a resume."""
+    from types import SimpleNamespace
+
+    from lightning_modules.callbacks.summary import LossSummary, SupervisedSummary
+    losses = [5.0, 4.0, None, 3.0, 2.0, 1.0]  # None: a step that logged no loss
+    for cls in (RunSummary, SupervisedSummary):
+        cb = cls(window=2)
+        assert isinstance(cb, LossSummary)
+        for loss in losses:
+            metrics = {} if loss is None else {"train/loss": torch.tensor(loss)}
+            cb.on_train_batch_end(SimpleNamespace(callback_metrics=metrics), None, None, None, 0)
+        assert cb.loss_windows() == {"loss_start": (5.0 + 4.0) / 2, "loss_end": (2.0 + 1.0) / 2}, cls
+        fresh = cls(window=2)
+        fresh.load_state_dict(cb.state_dict())
+        assert fresh.loss_windows() == {"loss_start": 4.5, "loss_end": None}

@@ -64,6 +64,7 @@ def demo(tmp_path_factory):
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="lists processes through Linux /proc")
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_signals_to_a_two_process_probe_leave_nothing_running(demo, tmp_path):
     runs = []
     ports = _free_ports(len(CASES))  # one each: five launchers picking a free port at once can pick the same one

@@ -54,6 +54,7 @@ def test_study_runs_resumes_and_reports(tmp_path):
         assert f"| softmax | {seed} | {p['metrics']['top1']['20']:.2f} |" in md
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigterm_stops_the_running_cell(tmp_path):
     """A scheduler's SIGTERM to the study stops the cell it is running too (not left to run on alone), and the

@@ -235,7 +235,7 @@ def test_at_words_resolve_to_epochs_steps_and_the_end():
     assert resolve_at("25%, 100%", 6) == ("e2", "")  # 1.5 epochs rounds to the end of epoch 2
     assert resolve_at("step40 e6 epoch2 s10", 6) == ("e2", "s10", "s40", "")  # e6 = max_epochs = the end
     assert resolve_at("", 6) == ("",)
-    assert keep_args(("e2", "s10", "")) == ["--trainer.callbacks+=lightning_modules.keep_checkpoints.KeepCheckpoints",
+    assert keep_args(("e2", "s10", "")) == ["--trainer.callbacks+=lightning_modules.callbacks.keep_checkpoints.KeepCheckpoints",
                                             "--trainer.callbacks.epochs=[2]", "--trainer.callbacks.steps=[10]"]
     assert keep_args(("",)) == []
     assert progress("e3", 6) == 50.0 and progress("s30", 6, final_step=120) == 25.0 and progress("", 6) == 100.0
@@ -317,3 +317,38 @@ def test_eta_is_a_lower_bound_until_every_stage_is_timed():
     p.durations["evaluations"].append(30.0)
     p.done["evaluations"] = 1
     assert p.eta() == "6m10s"  # 100 + 9 x 30
+
+
+def test_cells_are_resolved_once_and_run_without_the_planner(tmp_path, fake, monkeypatch):
+    """plan() resolves each cell (paths, key, command); plan.json gives the same cells back, and the local runner
+    and the marker step run them with every planner function broken."""
+    import io
+
+    import study.plan as planner
+    from study.cells import read_plan, status
+    from study.progress import Progress
+    spec = planner.Spec.create(name="r", variants=["softmax"], seeds=[1], tasks=["knn", "pib"], preset="tiny",
+                               root=tmp_path / "r", at="e1 e2")
+    cells = planner.plan(spec)
+    pre, knn = cells[0], cells[1]
+    folder = tmp_path / "r" / "seed1" / "softmax" / "pretrain" / "tiny" / f"study-{pre.key}" / "checkpoints"
+    assert (pre.id, pre.checkpoint, pre.runs) == ("pretrain.softmax.seed1", folder / "last.ckpt", tmp_path / "r" / "seed1")
+    assert pre.kept == (("e1", folder / "at_epoch0001.ckpt"),)
+    assert pre.marker == tmp_path / "r" / "done" / pre.id / f"{pre.key}.json"
+    assert (knn.id, knn.checkpoint, knn.depends) == ("knn.softmax.seed1@e1", folder / "at_epoch0001.ckpt", pre.id)
+    assert _flag(knn.command("py"), "--ckpt") == str(folder / "at_epoch0001.ckpt")
+    assert pre.command("py", resume=True)[-2:] == ["--resume", str(folder / "last.ckpt")]
+    assert knn.env == {"TOKENMIX_RUNS": str(tmp_path / "r" / "seed1")}
+    assert read_plan(planner.write_plan(spec, cells, "py")) == cells
+
+    def broken(*a, **k):
+        raise AssertionError("the runner called back into the planner")
+    for name in ("preset_file", "task_source", "pretrain_key", "eval_key", "plan", "_marker_path", "_key"):
+        monkeypatch.setattr(planner, name, broken)
+    monkeypatch.setattr(planner.Spec, "seed_root", broken)
+    monkeypatch.setattr(planner.Spec, "eval_data", broken)
+    done = status(cells)
+    progress = Progress({"pretraining": 1, "evaluations": 4}, {"pretraining": 0, "evaluations": 0},
+                        stream=io.StringIO())
+    assert study.local.run_missing(cells, done, "py", progress, tmp_path / "logs") == []
+    assert len(fake.calls) == 5 and all(status(cells).values())

@@ -8,7 +8,8 @@ import pytest
 
 from helpers import procs
 from study.__main__ import main
-from study.plan import PRETRAIN, Spec, checkpoint_path, command, plan
+from study.cells import PRETRAIN
+from study.plan import Spec, plan
 
 ARGS = ["--variants", "softmax entmax", "--seeds", "2", "--tasks", "knn pib", "--preset", "tiny",
         "--launcher", "slurm", "--nodes", "2", "--gpus-per-node", "4", "--partition", "gpu", "--max-parallel", "3"]
@@ -71,14 +72,14 @@ def test_every_array_index_runs_its_cell_then_records_it(generated):
         r = _run(folder / "pretrain.sbatch", fake, SLURM_ARRAY_TASK_ID=str(i))
         assert r.returncode == 0, r.stderr
         srun, cmd, rec = log.read_text().splitlines()
-        want = command(spec, c, "X")[1:] + ["--trainer.num_nodes=2", "--trainer.devices=4",
+        want = c.command("X")[1:] + ["--trainer.num_nodes=2", "--trainer.devices=4",
                                             "--trainer.accelerator=gpu"]
         assert srun == "srun"
         assert cmd == f"TOKENMIX_RUNS={spec.seed_root(c.seed)} " + " ".join(want)
         assert re.fullmatch(rf"TOKENMIX_RUNS=\S+ -m study\.cell --plan \S+plan\.json --cell {re.escape(c.id)} "
                             "--record", rec)
     # a restarted task resumes from its own last.ckpt
-    ck = checkpoint_path(spec, pre[0])
+    ck = pre[0].checkpoint
     ck.parent.mkdir(parents=True)
     ck.write_bytes(b"x")
     log.unlink()
@@ -88,20 +89,20 @@ def test_every_array_index_runs_its_cell_then_records_it(generated):
         log.unlink(missing_ok=True)
         assert _run(folder / "eval.sbatch", fake, SLURM_ARRAY_TASK_ID=str(i)).returncode == 0
         cmd, rec = log.read_text().splitlines()
-        assert cmd == f"TOKENMIX_RUNS={spec.seed_root(c.seed)} " + " ".join(command(spec, c, "X")[1:])
+        assert cmd == f"TOKENMIX_RUNS={spec.seed_root(c.seed)} " + " ".join(c.command("X")[1:])
         assert f"--cell {c.id} --record" in rec
     assert _run(folder / "eval.sbatch", fake, SLURM_ARRAY_TASK_ID="8").returncode == 2  # no such index
 
 
 def test_finished_cells_leave_the_arrays(generated, tmp_path):
     spec, folder, fake, log = generated
-    from study.plan import record
+    from study.cells import record
     for c in plan(spec):
         if c.kind == PRETRAIN:
-            ck = checkpoint_path(spec, c)
+            ck = c.checkpoint
             ck.parent.mkdir(parents=True, exist_ok=True)
             ck.write_bytes(c.id.encode())
-            record(spec, c)
+            record(c)
     assert main(["--name", "s", "--root", str(spec.root), *ARGS]) == 0
     assert not (folder / "pretrain.sbatch").exists()
     assert "#SBATCH --array=0-7%3" in (folder / "eval.sbatch").read_text()

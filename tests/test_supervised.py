@@ -92,7 +92,7 @@ def test_checkpoint_loads_as_feature_backbone_and_as_classifier(trained):
 
 
 def test_dino_checkpoint_loader_still_refuses_supervised_for_dino_resume(trained):
-    from lightning_modules.checkpoint_io import validate_pretrain_checkpoint
+    from lightning_modules.callbacks.checkpoint_io import validate_pretrain_checkpoint
     from lightning_modules.supervised_module import validate_supervised_checkpoint
     from tokenmix.io import CheckpointError, safe_torch_load
     _, ckpt = trained

@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from helpers import procs
-from lightning_modules import supervised
+from lightning_modules.pretrain import main as pretrain_main
 
 pytestmark = pytest.mark.timeout(120)  # default for the quick tests; slow ones carry their own
 
@@ -22,13 +22,17 @@ TINY = {
                 "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                                "init_args": {"every_n_train_steps": 2, "save_last": True, "save_top_k": -1,
                                              "filename": "step{step:04d}", "auto_insert_metric_name": False}},
-                              {"class_path": "lightning_modules.supervised_module.VoteMaps",
+                              {"class_path": "lightning_modules.callbacks.images.VoteMaps",
                                "init_args": {"num_images": 2}},
-                              {"class_path": "lightning_modules.supervised_module.SupervisedSummary"}]},
+                              {"class_path": "lightning_modules.callbacks.summary.SupervisedSummary"}]},
     "model": {"arch": "vit_test_patch8", "num_classes": 8},
     "data": {"data": "demo", "img_size": 32, "batch_size": 8, "val_batch_size": 16, "batches_per_epoch": 3,
              "num_workers": 0},
 }
+
+
+def _supervised(args: list[str]) -> int:
+    return pretrain_main(["--objective", "supervised", *args])
 
 
 def _preset(tmp: Path, **trainer) -> Path:
@@ -43,7 +47,7 @@ def _preset(tmp: Path, **trainer) -> Path:
 def lastvit_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("supcli")
     runs = tmp / "runs"
-    rc = supervised.main(["--variant", "lastvit", "--preset", str(_preset(tmp)), "--runs-dir", str(runs)])
+    rc = _supervised(["--variant", "lastvit", "--preset", str(_preset(tmp)), "--runs-dir", str(runs)])
     assert rc == 0
     return tmp, runs, runs / "lastvit" / "pretrain" / "supervised_tiny" / "version_0"
 
@@ -96,38 +100,40 @@ def test_resume_continues_and_dino_checkpoint_is_refused(lastvit_run, tmp_path, 
     more = _preset(tmp_path, max_epochs=3)
     shutil.copy(more, tmp / "supervised_tiny.yaml")
     # RESUME=1 finds the supervised run; the schedule now has 3 epochs: steps 6..8 follow
-    rc = supervised.main(["--variant", "lastvit", "--preset", str(tmp / "supervised_tiny.yaml"), "--runs-dir",
-                          str(runs), "--resume", "1"])
+    rc = _supervised(["--variant", "lastvit", "--preset", str(tmp / "supervised_tiny.yaml"), "--runs-dir",
+                      str(runs), "--resume", "1"])
     assert rc == 0
     s = json.loads((run / "summary.json").read_text())["metrics"]
     assert s["steps"] == 9 and s["val_top1_random_init"] is not None  # random-init figure kept from the first run
     dino = tmp_path / "dino.ckpt"
     torch.save({"state_dict": {"student.backbone.x": torch.zeros(1)}, "tokenmix": {"kind": "dino_pretrain"}}, dino)
-    assert supervised.main(["--variant", "lastvit", "--preset", str(more), "--runs-dir", str(runs),
-                            "--resume", str(dino)]) == 2
+    assert _supervised(["--variant", "lastvit", "--preset", str(more), "--runs-dir", str(runs),
+                        "--resume", str(dino)]) == 2
     assert "not a supervised one" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_bad_inputs_fail_fast(tmp_path, capsys):
-    assert supervised.main(["--variant", "nope", "--runs-dir", str(tmp_path)]) == 2
-    assert supervised.main(["--variant", "lastvit", "--data", "imagenet", "--runs-dir", str(tmp_path)]) == 2
+    assert _supervised(["--variant", "nope", "--runs-dir", str(tmp_path)]) == 2
+    assert _supervised(["--variant", "lastvit", "--data", "imagenet", "--runs-dir", str(tmp_path)]) == 2
     assert "DATA_ROOT" in capsys.readouterr().err
-    assert supervised.main(["--variant", "lastvit", "--preset", "nope", "--runs-dir", str(tmp_path)]) == 2
-    assert supervised.main(["--variant", "lastvit", "--preset", str(_preset(tmp_path)), "--runs-dir", str(tmp_path),
-                            "--model.num_classes=5"]) == 2
+    assert _supervised(["--variant", "lastvit", "--preset", "nope", "--runs-dir", str(tmp_path)]) == 2
+    assert _supervised(["--variant", "lastvit", "--preset", str(_preset(tmp_path)), "--runs-dir", str(tmp_path),
+                        "--model.num_classes=5"]) == 2
     assert "8 classes but model.num_classes=5" in capsys.readouterr().err
     missing = tmp_path / "no_such_imagenet"
-    assert supervised.main(["--variant", "lastvit", "--data", "imagenet", "--data-root", str(missing),
-                            "--runs-dir", str(tmp_path)]) == 2
+    assert _supervised(["--variant", "lastvit", "--data", "imagenet", "--data-root", str(missing),
+                        "--runs-dir", str(tmp_path)]) == 2
     assert str(missing) in capsys.readouterr().err  # the launching process names the wrong DATA_ROOT
-    assert supervised.main(["--variant", "lastvit", "--preset", str(_preset(tmp_path)), "--runs-dir", str(tmp_path),
-                            "--trainer.num_nodes=2"]) == 2
+    assert _supervised(["--variant", "lastvit", "--preset", str(_preset(tmp_path)), "--runs-dir", str(tmp_path),
+                        "--trainer.num_nodes=2"]) == 2
     err = capsys.readouterr().err
     assert "num_nodes=2" in err and "srun" in err and "torchrun" in err
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_two_process_ddp_on_cpu_equals_one_process(tmp_path):
     """2 ranks (gloo): the sampler shards the batches, val metrics are synced by torchmetrics on every rank, rank 0
     alone writes summary.json; no rank-0-only collective, so it finishes. Against the same run in 1 process: the
@@ -137,11 +143,11 @@ def test_two_process_ddp_on_cpu_equals_one_process(tmp_path):
     import sys
     preset = _preset(tmp_path, max_epochs=1, limit_val_batches=1.0)
     one = tmp_path / "one"
-    assert supervised.main(["--variant", "softmax", "--preset", str(preset), "--runs-dir", str(one)]) == 0
+    assert _supervised(["--variant", "softmax", "--preset", str(preset), "--runs-dir", str(one)]) == 0
     runs = tmp_path / "runs"
     # strategy ddp: Lightning's subprocess launcher re-runs this command line for rank 1, as a user's run would
-    cmd = [sys.executable, "-m", "lightning_modules.supervised", "--variant", "softmax", "--preset",
-           str(preset), "--runs-dir", str(runs), "--trainer.devices=2", "--trainer.strategy=ddp"]
+    cmd = [sys.executable, "-m", "lightning_modules.pretrain", "--objective", "supervised", "--variant", "softmax",
+           "--preset", str(preset), "--runs-dir", str(runs), "--trainer.devices=2", "--trainer.strategy=ddp"]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     p = procs.run(cmd, cwd=REPO, env=env, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]

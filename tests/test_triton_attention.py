@@ -33,6 +33,7 @@ kernel = pytest.mark.runs_elsewhere(_PRELOADED, reason="Triton already imported 
 
 @pytest.mark.runs_elsewhere(not _PRELOADED, reason="the kernel tests run directly in this process")
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_kernels_in_subprocess():
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
@@ -230,7 +231,7 @@ def test_ragged_registers_length_bf16(kind, single, monkeypatch):
     """ViT-S/16 with 4 registers: 201 tokens, register tiles 128 + 64 + 16 wide (7 masked keys), 16-bit products;
     and the block-wise path of longer rows (forced here: 4 key blocks of 64, the last ragged)."""
     if not single:
-        monkeypatch.setattr(ta, "_SINGLE_MAX", 64)
+        monkeypatch.setattr(ta.tp, "_SINGLE_MAX", 64)
     assert ta.launch_plan(201, torch.bfloat16)[0].constexprs["SINGLE"] == single
     q, k, v = _qkv(1, 1, 201, 16, torch.bfloat16, seed=17)
     errs, mags = _errors(kind, q, k, v, 16 ** -0.5)
@@ -329,7 +330,7 @@ def test_both_backward_paths_match_entmax(kind, deterministic, tf32, monkeypatch
     torch.use_deterministic_algorithms(deterministic)
     seen = []
     for name in ("_bwd_delta_kernel", "_bwd_kernel", "_bwd_dq_cast_kernel", "_bwd_kv_kernel", "_bwd_q_kernel"):
-        monkeypatch.setattr(ta.tkb, name, _Spy(getattr(ta.tkb, name), name, seen))
+        monkeypatch.setattr(ta.tp.tkb, name, _Spy(getattr(ta.tp.tkb, name), name, seen))
     for dtype, n, m, tol in ((torch.float32, 257, 257, 1e-5), (torch.bfloat16, 257, 257, 2.5e-2),
                              (torch.float32, 70, 130, 1e-5)):
         g = torch.Generator().manual_seed(29)
@@ -350,7 +351,7 @@ def test_threshold_passes_on_real_vit_logits(fixtures_root):
     counts are the kernel's own (``threshold_passes``). Here, before the two-sided test and the normal model's
     start, the per-program means were 4.67 / 3.83 (register tile: ViT / peaked), 4.67 / 5.0 (block-wise);
     now 4.0 / 3.0 and 3.33 / 4.0 (sparsemax, Michelot's steps from below, unchanged: 3.17)."""
-    from bench.threshold_passes import gauss_logits, histogram, vit_logits
+    from kernel_model.threshold_passes import gauss_logits, histogram, vit_logits
     photo = sorted((fixtures_root / "imagenet_samples").glob("*.JPEG"))[0]
     vit = vit_logits(photo, 224, layers=(0, 5, 10), heads=(0, 3), rows=64)  # 6 programs of 64 rows
     peaked = gauss_logits(197, 3.0, 64, groups=6)
@@ -435,13 +436,14 @@ print("compiled")
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_kernels_compile_for_a_gpu_without_one():
     """The interpreter runs the kernels as Python: Triton's compiler (AST -> TTIR -> PTX -> cubin for sm_90,
     ptxas bundled with Triton, no driver needed) catches what the interpreter accepts but a GPU would not
     (loop-carried Python ints, branch types, layouts). The launches are ``launch_plan``'s (the launcher's own
     block sizes; both backward paths): the 16-bit and tf32 ones use wgmma, and none spills (the ieee fp32
     variant included).
-    (``bench.kernel_report`` covers every N, dtype and normaliser.)"""
+    (``kernel_model.report`` covers every N, dtype and normaliser.)"""
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])

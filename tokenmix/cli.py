@@ -4,7 +4,7 @@ way dinov2's eval scripts share ``get_args_parser``:
     >>> import argparse
     >>> from tokenmix.cli import eval_parent_parser, finish_eval_args
     >>> p = argparse.ArgumentParser(parents=[eval_parent_parser()])
-    >>> args = finish_eval_args(p.parse_args(["--ckpt", "random"]))
+    >>> args = finish_eval_args(p.parse_args(["--ckpt", "random"]), demo=True)
     >>> args.variant, args.arch, args.num_nodes
     ('softmax', 'vit_demo_patch8', 1)
 
@@ -27,13 +27,15 @@ def eval_parent_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("backbone and data (shared by every eval CLI)")
     g.add_argument("--variant", default="softmax", help="variant whose latest pretraining checkpoint is used "
                    "when --ckpt is empty; also the variant of --ckpt random")
-    g.add_argument("--ckpt", default="", help="checkpoint file (tokenmix .ckpt or official DINO .pth), or the "
+    g.add_argument("--ckpt", default="", help="checkpoint file (tokenmix .ckpt, official DINO / DINOv2 .pth, "
+                   "timm / DeiT / MAE weights: docs/backbones.md), or the "
                    "baselines 'random' (untrained ViT) / 'pixels' (raw patches); '' = latest pretraining run of "
                    "--variant")
     g.add_argument("--which", choices=("teacher", "student"), default="teacher",
                    help="which network of a DINO checkpoint")
     g.add_argument("--arch", default=None, help=f"arch of --ckpt random (default: {DEMO_ARCH} on demo data, "
-                   f"{REAL_ARCH} otherwise)")
+                   f"{REAL_ARCH} otherwise); a timm model name (vit_small_patch14_reg4_dinov2) also says whose "
+                   "weights a --ckpt file holds (docs/backbones.md)")
     g.add_argument("--data", default="demo", help="'demo' (generated data) or the dataset name (with --data-root); "
                    "your own data: folder, imagefolder, custom_seg, custom_depth (docs/data.md)")
     g.add_argument("--data-root", default="", help="folder of the real dataset")
@@ -45,18 +47,15 @@ def eval_parent_parser() -> argparse.ArgumentParser:
     return p
 
 
-def is_demo(data: str) -> bool:
-    return (data or "demo").strip() == "demo"
-
-
-def finish_eval_args(args: argparse.Namespace) -> argparse.Namespace:
+def finish_eval_args(args: argparse.Namespace, demo: bool) -> argparse.Namespace:
     """Defaults that depend on other flags, and the checks the launching process makes before any spawn:
-    '' variant -> softmax, --arch by data, --num-nodes from the cluster, a multi-node run without a launcher
+    '' variant -> softmax, --arch by data (``demo``: --data is the demo data, ``datamodules.demo.is_demo``, a rule
+    this lower layer does not import), --num-nodes from the cluster, a multi-node run without a launcher
     and a malformed --devices refused."""
     args.variant = (args.variant or "softmax").strip()
     args.ckpt = (args.ckpt or "").strip()
     args.data = (args.data or "demo").strip()
-    args.arch = args.arch or (DEMO_ARCH if is_demo(args.data) else REAL_ARCH)
+    args.arch = args.arch or (DEMO_ARCH if demo else REAL_ARCH)
     if args.num_nodes is None:
         args.num_nodes = cluster_num_nodes() or 1
     refuse_unlaunched_multinode(args.num_nodes)

@@ -1,5 +1,5 @@
 """Semantic-diffusion measures of a ViT's patch tokens (the first paper's claim: patch features degrade over
-training while [CLS] improves). Pure functions on tensors; ``lightning_modules.dense_check`` logs them.
+training while [CLS] improves). Pure functions on tensors; ``lightning_modules.callbacks.dense_check`` logs them.
 
 - Patch score and Point-in-Box (LaSt-ViT ``visualization/``): score of a patch = cosine([CLS], patch); an image is a
   hit when its top-scoring patch overlaps a ground-truth box; PiB = hits / images (``analysis.patch_score`` uses

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = Path(os.environ.get("TOKENMIX_RUNS", REPO / "runs"))
@@ -21,14 +22,20 @@ def pretrain_dir(variant: str) -> Path:
     return RUNS / variant / "pretrain"
 
 
-def latest_pretrain_checkpoint(variant: str) -> Path:
-    """Newest ``last.ckpt`` under ``runs/<variant>/pretrain``; a clear error when there is none."""
-    root = pretrain_dir(variant)
-    found = sorted(root.glob("**/last.ckpt"), key=lambda p: p.stat().st_mtime)
+def latest_checkpoint(variant: str, objective: Optional[str] = None, runs: Optional[Path] = None) -> Path:
+    """Newest ``last.ckpt`` (by mtime) under ``<runs>/<variant>/pretrain`` (``runs``: default ``RUNS``).
+    ``objective`` ``"dino"`` / ``"supervised"``: only that objective's runs (supervised presets, and so their
+    folders, are named ``supervised*``); None: either. ``FileNotFoundError`` naming the folder and the fix."""
+    root = (Path(runs) if runs is not None else RUNS) / variant / "pretrain"
+
+    def wanted(p: Path) -> bool:
+        return objective is None or p.relative_to(root).parts[0].startswith("supervised") == (objective == "supervised")
+    found = sorted((p for p in root.glob("**/last.ckpt") if wanted(p)), key=lambda p: p.stat().st_mtime)
     if not found:
-        raise FileNotFoundError(
-            f"no pretraining checkpoint for variant '{variant}' under {root} (looked for **/last.ckpt). "
-            f"Run `make pretrain VARIANT={variant}` first, or pass CKPT=<path>.")
+        which = f" of a {objective} run" if objective else ""
+        make = "make pretrain" + (f" OBJECTIVE={objective}" if objective == "supervised" else "")
+        raise FileNotFoundError(f"no last.ckpt{which} for variant '{variant}' under {root} (looked for **/last.ckpt). "
+                                f"Run `{make} VARIANT={variant}` first, or pass the path of a checkpoint.")
     return found[-1]
 
 

@@ -18,10 +18,14 @@ layout), ``layouts`` writes them in the on-disk formats (``DemoSpec``: sizes and
 folder (``ensure_demo_data``: generate on first use, atomic swap, completion marker; the CLI).
 
 >>> root = ensure_demo_data()            # data/demo (env TOKENMIX_DEMO_ROOT), generated if missing or stale
+
+``is_demo(name)`` (``names``) is the one rule for "is this DATA value / dataset the demo data".
 """
 from .cache import MARKER, ensure_demo_data, generate, is_complete, main, summary
 from .layouts import DEMO_VERSION, DemoSpec, seg_palette
+from .names import DEMO, DEMO_DATASETS, demo_dataset, is_demo
 from .scenes import CLASS_NAMES, CLASSES, IGNORE_INDEX, NYU_SCENE, SEG_CLASSES
 
-__all__ = ["CLASSES", "CLASS_NAMES", "DEMO_VERSION", "DemoSpec", "IGNORE_INDEX", "MARKER", "NYU_SCENE",
-           "SEG_CLASSES", "ensure_demo_data", "generate", "is_complete", "main", "seg_palette", "summary"]
+__all__ = ["CLASSES", "CLASS_NAMES", "DEMO", "DEMO_DATASETS", "DEMO_VERSION", "DemoSpec", "IGNORE_INDEX", "MARKER",
+           "NYU_SCENE", "SEG_CLASSES", "demo_dataset", "ensure_demo_data", "generate", "is_complete", "is_demo", "main",
+           "seg_palette", "summary"]

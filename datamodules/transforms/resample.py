@@ -94,11 +94,6 @@ def dense_weights(table: tuple[torch.Tensor, torch.Tensor, torch.Tensor], pad_to
     return torch.where((tap >= 0) & (tap < count), picked, torch.zeros((), device=qf.device))
 
 
-def aa_weights(in_sizes: torch.Tensor, out_size: int, pad_to: int, flip: torch.Tensor | None = None) -> torch.Tensor:
-    """Dense matrices (n, out_size, pad_to) of torch's uint8 antialiased bicubic resize from each of ``in_sizes``."""
-    return dense_weights(tap_table(in_sizes, out_size, max_taps(pad_to, out_size), flip), pad_to)
-
-
 @contextmanager
 def ieee_fp32():
     """Full float32 matmuls (no TF32) inside: the passes round to whole levels, TF32's 10-bit mantissa would

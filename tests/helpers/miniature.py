@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from datamodules.voc import voc_palette
+from datamodules.datasets.voc import voc_palette
 
 H, W = 32, 40
 KITTI_HW = (375, 1242)  # the KB crop needs at least 352x1216
@@ -97,7 +97,7 @@ def write_ade20k(root: Path, n=(2, 2), seed=0) -> dict:
 
 
 def write_cityscapes(root: Path, with_train_ids=True, seed=0) -> dict:
-    from datamodules.cityscapes import ID_TO_TRAINID
+    from datamodules.datasets.cityscapes import ID_TO_TRAINID
     rng, root = _rng(seed), Path(root)
     gt = {}
     for split, n in (("train", 2), ("val", 1)):

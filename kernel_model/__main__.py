@@ -1,0 +1,5 @@
+import sys
+
+from kernel_model.report import main
+
+sys.exit(main())

@@ -1,0 +1,11 @@
+"""Everything a training run attaches to the Trainer, one module per concern (YAML ``class_path``: the module's
+full path, e.g. ``lightning_modules.callbacks.knn.KNNCheck``):
+
+- ``images``: TensorBoard images of fixed validation images (``PretrainVisuals``, ``VoteMaps``);
+- ``knn``: the k-NN check of the teacher (``KNNCheck``);
+- ``dense_check``: the dense probe and semantic-diffusion check (``DenseProbeCheck``);
+- ``periodic``: when a periodic check runs;
+- ``summary``: summary.json (``RunSummary`` for DINO, ``SupervisedSummary``, on ``LossSummary``);
+- ``keep_checkpoints``: the checkpoints of chosen training points (``KeepCheckpoints``);
+- ``checkpoint_io``: atomic, validated checkpoint files (``AtomicCheckpointIO``, a Trainer plugin).
+"""

@@ -1,0 +1,258 @@
+"""Dense quality watched during pretraining: a closed-form linear segmentation probe on the frozen teacher's patch
+tokens, and the semantic-diffusion measures on the same images (``tokenmix.diffusion``).
+
+At the exact starting weights (before the first step), every ``every_n_epochs`` epochs or ``every_n_steps`` steps,
+and at the end, on a small labelled set (``task`` voc / ade20k; the demo VOC scenes for ``data: demo``, else the
+dataset at ``data_root`` or ``$TOKENMIX_DENSE_ROOT``, evenly spaced ``max_samples`` of each split):
+
+- ``dense/mIoU`` (+ aAcc, mAcc): ``probes.ridge`` on the probe protocol's views: the same number as
+  ``make probe TASK=voc CKPT=<that checkpoint> ARGS="--solver ridge --max-samples N --ridge-lambda L"``;
+- ``diffusion/pib_cls``: Point-in-Box of the [CLS] token (boxes: each class's extent in the validation masks);
+- ``diffusion/cls_patch_cosine``: mean cosine between the patch tokens and [CLS];
+- ``diffusion/effective_rank``: effective rank of the last block's patch features (Roy & Vetterli);
+- ``diffusion/attn_entropy`` and ``diffusion/attn_zero_share``: mean over blocks, heads and query rows of the
+  attention rows' entropy (nats) and share of exact zeros (0 for softmax; the sparse variants' support), on the
+  first ``attn_images`` validation images.
+
+TensorBoard scalars at each point, and the whole series in summary.json (``RunSummary`` reads ``series``). Under
+DDP each rank takes the shard ``shard_indices`` gives it (as ``KNNCheck``) and every statistic is a sum, added up
+by one all-reduce (``DenseSums``), so every rank gets the numbers one process gets. Each validation image goes
+through the teacher once: the first ``attn_images`` with their attention weights recorded (the explicit attention
+lines instead of the fused kernel, equal to float rounding).
+"""
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch.utils.data import DataLoader, Subset
+
+from datamodules.demo import is_demo
+from lightning_modules.callbacks.periodic import epoch_check_due
+from tokenmix.attention_stats import attention_stats
+from tokenmix.diffusion import boxes_patch_mask, cls_patch_cosine, effective_rank_from_gram, mask_boxes, pib_hits, \
+    patch_scores
+
+ROOT_ENV = "TOKENMIX_DENSE_ROOT"
+
+
+@contextmanager
+def _eval_mode(model: torch.nn.Module):
+    was = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was)
+
+
+def _forward(model, images: torch.Tensor, device, record: bool = False):
+    """Last block's [CLS] (B, D), patches (B, N, D), the patch grid (B, D, h, w) (what
+    ``probes.features.FrozenFeatures`` gives the probe CLI: same call, same bits) and, with ``record``, every
+    block's attention weights from the same forward (else None)."""
+    from probes.features import normalize_images
+    x = normalize_images(images.to(device))
+    blocks = [blk.attn for blk in model.blocks] if record else []
+    for a in blocks:
+        a.record = True
+    try:
+        o = model.extract(x, n_last_blocks=1)[-1]
+        attns = [a.last_attn for a in blocks] if record else None
+    finally:
+        for a in blocks:
+            a.record, a.last_attn = False, None
+    h, w = model.grid_size(x)
+    B, N, D = o["patch"].shape
+    return o["cls"], o["patch"], o["patch"].transpose(1, 2).reshape(B, D, h, w), attns
+
+
+@dataclass
+class DenseSums:
+    """What a rank adds up over its shard; ``reduced`` sums it over the ranks in one all-reduce."""
+    gram: torch.Tensor          # Σ patchᵀ patch of the last block (D, D), float64: the effective rank
+    images: float = 0.0         # validation images
+    pib_hits: float = 0.0       # images with a box whose [CLS] top-scoring patch falls in one (Point-in-Box)
+    box_images: float = 0.0     # images with a box
+    attn_images: float = 0.0    # images whose attention was measured (the first ``attn_images``)
+    cosine: float = 0.0         # Σ over images of the mean cosine(patch, [CLS])
+    entropy: float = 0.0        # Σ over images of the mean attention-row entropy (blocks, heads, rows)
+    zero_share: float = 0.0     # Σ over images of the mean share of exact zeros in the attention rows
+
+    def add_diffusion(self, cls: torch.Tensor, patch: torch.Tensor, masks, grid) -> None:
+        boxes = [boxes_patch_mask(mask_boxes(m), tuple(grid), (m.shape[-2] / grid[0], m.shape[-1] / grid[1]))
+                 for m in masks]
+        has = torch.tensor([b.any().item() for b in boxes])
+        hits = pib_hits(patch_scores(cls, patch), torch.stack(boxes))
+        self.images += len(masks)
+        self.pib_hits += (hits & has).sum().item()
+        self.box_images += has.sum().item()
+        self.cosine += cls_patch_cosine(cls, patch).double().sum().item()
+        pd = patch.double().reshape(-1, patch.shape[-1])
+        self.gram.add_(pd.T @ pd)
+
+    def add_attention(self, attns: list[torch.Tensor]) -> None:
+        """``attns``: each block's (B, heads, T, T) weights of B measured images."""
+        B = attns[0].shape[0]
+        if B == 0:
+            return
+        per = [attention_stats(a) for a in attns]
+        self.attn_images += B
+        self.entropy += B * torch.stack([p["entropy"].double().mean() for p in per]).mean().item()
+        self.zero_share += B * torch.stack([p["zero_share"].double().mean() for p in per]).mean().item()
+
+    def reduced(self, reduce) -> "DenseSums":
+        """The sums over all ranks: the scalars and the Gram matrix in one tensor, one ``reduce`` call."""
+        names = [f.name for f in fields(self) if f.name != "gram"]
+        flat = torch.cat([torch.tensor([getattr(self, n) for n in names], dtype=torch.float64), self.gram.flatten()])
+        s = reduce(flat)
+        return DenseSums(s[len(names):].reshape(self.gram.shape), **{n: float(s[i]) for i, n in enumerate(names)})
+
+
+class DenseProbeCheck(pl.Callback):
+    """Configured as ``KNNCheck``: the start, ``every_n_epochs`` / ``every_n_steps`` (0: off) and the end. Place it
+    before ``RunSummary`` in the callbacks, which writes its ``series`` to summary.json (module docstring: what it
+    measures)."""
+
+    def __init__(self, task: str = "voc", data: str = "demo", data_root: str = "", max_samples: int = 64,
+                 ridge_lambda: float = 1e-2, batch_size: int = 16, img_size: Optional[int] = None,
+                 attn_images: int = 16, every_n_epochs: int = 0, every_n_steps: int = 0):
+        self.task, self.data, self.data_root = task, data, data_root
+        self.max_samples, self.ridge_lambda, self.batch_size = max_samples, ridge_lambda, batch_size
+        self.img_size, self.attn_images = img_size, attn_images
+        self.every_n_epochs, self.every_n_steps = every_n_epochs, every_n_steps
+        self.series: list[dict[str, Any]] = []
+        self._dm = None
+        self.disabled = False
+        self._t0: Optional[float] = None
+        self._first = 0  # this fit's first entry of the series (a resumed fit restores the earlier ones)
+        self.share: Optional[float] = None  # the checks' share of this fit's wall time (set at its end)
+
+    # -- state: the series survives a resume ------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"series": self.series}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.series = list(state_dict.get("series", []))
+
+    # -- data -------------------------------------------------------------------------------------
+    def datamodule(self, patch_size: int):
+        """The probe protocol's DataModule of the labelled set (both splits, ``max_samples`` evenly spaced)."""
+        if self._dm is None:
+            from probes.data import probe_datamodule, resolve_data
+            from probes.tasks import get_task
+            task = get_task(self.task)
+            demo = is_demo(self.data)
+            name, root = resolve_data(task, self.data, self.data_root or os.environ.get(ROOT_ENV, ""))
+            size = (self.img_size,) * 2 if self.img_size else (task.demo_img_size if demo else task.img_size)
+            self._dm = probe_datamodule(task, name, root, size, patch_size, batch_size=self.batch_size,
+                                        max_samples=self.max_samples)
+            self._dm.setup("fit")
+        return self._dm
+
+    def setup(self, trainer, pl_module, stage=None):
+        if not self.data_root and not is_demo(self.data) and not os.environ.get(ROOT_ENV):
+            rank_zero_warn(f"DenseProbeCheck: data={self.data} needs data_root or ${ROOT_ENV} (the folder holding "
+                           f"{self.task}); the dense check is off for this run")
+            self.disabled = True
+            return
+        self.datamodule(pl_module.teacher.backbone.patch_size)  # a missing or malformed dataset fails here, first
+
+    # -- the check --------------------------------------------------------------------------------
+    def _loader(self, ds, rank: int, world: int) -> tuple[DataLoader, list[int]]:
+        """This rank's shard of ``ds`` and the shard's indices into ``ds``, in loader order."""
+        from datamodules.datamodule_base import dense_collate, shard_indices
+        idx = shard_indices(len(ds), rank, world)
+        return DataLoader(Subset(ds, idx), batch_size=self.batch_size, shuffle=False, collate_fn=dense_collate), idx
+
+    @torch.no_grad()
+    def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
+        """Every rank calls this (the probe's two all-reduces, then ``DenseSums``' one); returns the same numbers on
+        every rank."""
+        from probes.ridge import run_ridge_probe
+        t0, c0 = time.perf_counter(), time.process_time()
+        model = pl_module.teacher.backbone
+        dm = self.datamodule(model.patch_size)
+        rank, world, device = trainer.global_rank, trainer.world_size, pl_module.device
+
+        def reduce(t: torch.Tensor) -> torch.Tensor:  # sum over processes (float64 on CPU; NCCL needs the device)
+            if world == 1:
+                return t
+            return trainer.strategy.reduce(t.to(device), reduce_op="sum").to("cpu", torch.float64)
+
+        sums = DenseSums(torch.zeros(model.embed_dim, model.embed_dim, dtype=torch.float64))
+
+        def train():
+            for batch in self._loader(dm.train_set, rank, world)[0]:
+                yield _forward(model, batch["image"], device)[2], batch["mask"]
+
+        def val():  # one forward feeds the probe, the diffusion measures and (first images) the attention's
+            loader, idx = self._loader(dm.val_set, rank, world)
+            for b, batch in enumerate(loader):
+                first = torch.tensor(idx[b * self.batch_size:][:len(batch["image"])]) < self.attn_images
+                cls, patch, grid, attns = _forward(model, batch["image"], device, record=bool(first.any()))
+                masks = batch["mask"] if isinstance(batch["mask"], list) else list(batch["mask"])
+                sums.add_diffusion(cls.float().cpu(), patch.float().cpu(), masks, grid.shape[-2:])
+                if attns is not None:
+                    sums.add_attention([a[first.to(a.device)].float().cpu() for a in attns])
+                yield grid, masks
+
+        with _eval_mode(model):
+            out = run_ridge_probe(train(), val(), dm.num_classes, self.ridge_lambda, model.embed_dim, reduce)
+        s = sums.reduced(reduce)
+        n_img, n_box, n_attn = (max(x, 1.0) for x in (s.images, s.box_images, s.attn_images))
+        return {"dense/mIoU": out["mIoU"], "dense/aAcc": out["aAcc"], "dense/mAcc": out["mAcc"],
+                "diffusion/pib_cls": 100.0 * s.pib_hits / n_box, "diffusion/cls_patch_cosine": s.cosine / n_img,
+                "diffusion/effective_rank": effective_rank_from_gram(s.gram),
+                "diffusion/attn_entropy": s.entropy / n_attn, "diffusion/attn_zero_share": s.zero_share / n_attn,
+                "dense/seconds": time.perf_counter() - t0, "dense/cpu_seconds": time.process_time() - c0}
+
+    def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, when: str) -> None:
+        if self.disabled:
+            return
+        step = trainer.global_step
+        if self.series and self.series[-1]["step"] == step:  # e.g. the end right after an epoch's check
+            return
+        res = self.evaluate(trainer, pl_module)
+        epochs = trainer.current_epoch + (1 if when == "epoch" else 0)  # completed epochs
+        self.series.append({"step": step, "epoch": epochs, "when": when, **res})
+        for lg in trainer.loggers:
+            lg.log_metrics({k: v for k, v in res.items() if not k.endswith("seconds")}, step=step)
+        rank_zero_info(f"dense check ({when}, step {step}): mIoU {res['dense/mIoU']:.2f}, PiB "
+                       f"{res['diffusion/pib_cls']:.1f}, cos(patch, CLS) {res['diffusion/cls_patch_cosine']:.3f}, "
+                       f"eff. rank {res['diffusion/effective_rank']:.1f} ({res['dense/seconds']:.1f} s)")
+
+    def on_train_start(self, trainer, pl_module):
+        self._t0, self._first = time.perf_counter(), len(self.series)  # a resumed fit: only its own checks
+        if trainer.global_step == 0:
+            self.run(trainer, pl_module, "start")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.every_n_steps and trainer.global_step % self.every_n_steps == 0 and trainer.global_step > 0:
+            last = trainer.max_steps and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps
+            if not last:
+                self.run(trainer, pl_module, "step")
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if epoch_check_due(trainer, self.every_n_epochs):
+            self.run(trainer, pl_module, "epoch")
+
+    def on_train_end(self, trainer, pl_module):
+        self.run(trainer, pl_module, "end")
+        if self._t0 is not None and self.series:  # its cost, stated on every run (docs/performance.md)
+            spent = sum(p["dense/seconds"] for p in self.series[self._first:])
+            self.share = spent / max(time.perf_counter() - self._t0, 1e-9)
+            rank_zero_info(f"dense checks: {spent:.1f} s, {100 * self.share:.1f} % of this fit's wall time")
+
+    def summary_entries(self) -> dict[str, Any]:
+        """summary.json entries: the series and the last point's values."""
+        if not self.series:
+            return {}
+        last = self.series[-1]
+        return {"dense_series": self.series, "dense_check_share": self.share,
+                **{k.replace("/", "_"): v for k, v in last.items() if k.startswith(("dense/", "diffusion/"))}}
