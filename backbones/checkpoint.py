@@ -56,8 +56,12 @@ LIGHTNING_LAYOUT = {
 def runtime_record(model: torch.nn.Module) -> dict:
     """How ``model`` computes, beside what rebuilds its weights (``BackboneConfig``): the resolved GEMM backend of
     its linear layers (``backbones/linear.py``; ``auto`` resolves per host, so a resume on another CPU vendor
-    could otherwise change the rounding unseen)."""
+    could otherwise change the rounding unseen). On a GPU that is the device type (``cuda``): the layers run
+    ``F.linear`` there whatever the host CPU's vendor resolved ``auto`` to."""
     from .linear import FastLinear
+    device = next(model.parameters(), torch.empty(0)).device
+    if device.type != "cpu":
+        return {"linear_backend": device.type}
     backends = sorted({m.backend for m in model.modules() if isinstance(m, FastLinear)})
     return {"linear_backend": ",".join(backends) or "aten"}
 

@@ -57,12 +57,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import canary
 from . import triton_kernels as tk
 from . import triton_plan as tp
 from .triton_plan import _DTYPES, KernelLaunch, interpreted, launch_plan
 
 triton = tk.triton
-__all__ = ["sparse_attention", "available", "interpreted", "launch_plan", "KernelLaunch", "threshold_passes"]
+__all__ = ["sparse_attention", "available", "interpreted", "launch_plan", "KernelLaunch", "threshold_passes",
+           "check_launch_limits"]
+_MAX_GRID_Y = 65_535  # CUDA's gridDim.y limit: the kernels' second grid dimension is batch x heads
+_MAX_OFFSET = 2 ** 31 - 1  # the kernels compute element offsets (index x stride) in 32-bit integers
 
 
 def available(x: torch.Tensor) -> bool:
@@ -76,6 +80,30 @@ def _device_ok(x: torch.Tensor) -> bool:
 
 def _opts(opts: dict) -> dict:
     return {} if interpreted() else opts
+
+
+def _reach(x: Tensor) -> int:
+    """The largest element offset the kernels compute into ``x`` (B, H, N, d) through its strides."""
+    (b, h, n, d), (sb, sh, sn, sd) = x.shape, x.stride()
+    return (b - 1) * abs(sb) + (h - 1) * abs(sh) + (n - 1) * abs(sn) + (d - 1) * abs(sd)
+
+
+def check_launch_limits(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """ValueError, before any launch, where q, k, v (B, H, N, d) exceed what the kernels can address: batch x heads
+    programs in the grid's second dimension (at most 65,535), element offsets in 32 bits (q, k, v through their
+    strides, and the contiguous outputs and fp32 buffers; for the slices of a ViT's fused qkv (B, N, 3, H, d) that
+    is B x N <= 2^31 / (3 H d): 1.86 M images x tokens for ViT-S). A few integer operations per call."""
+    b, h, n, d = q.shape
+    if b * h > _MAX_GRID_Y:
+        raise ValueError(f"sparse_attention (Triton): batch x heads = {b} x {h} = {b * h} exceeds the grid's second "
+                         f"dimension ({_MAX_GRID_Y:,} programs, CUDA's gridDim.y): split the batch into parts of at "
+                         f"most {_MAX_GRID_Y // h} items")
+    reach = (_reach(q), _reach(k), _reach(v), b * h * n * max(d, v.shape[-1], 2))
+    if max(reach) > _MAX_OFFSET:
+        name, most = max(zip(("q", "k", "v", "the outputs"), reach), key=lambda t: t[1])
+        raise ValueError(f"sparse_attention (Triton): offsets into {name} reach {most:,} elements, past the kernels' "
+                         f"32-bit offsets ({_MAX_OFFSET:,}); shapes q {tuple(q.shape)}, k {tuple(k.shape)}: split "
+                         f"the batch into parts of at most {max(1, b * _MAX_OFFSET // most)} items")
 
 
 # ------------------------------------------------------------------------------------------- custom ops
@@ -202,6 +230,7 @@ def threshold_passes(scores: Tensor, kind: str = "entmax15", single: bool | None
     lead, n, m = scores.shape[:-2], scores.shape[-2], scores.shape[-1]
     q = _four_d(scores.float())
     eye = torch.eye(m, device=scores.device).expand(*q.shape[:2], m, m)
+    check_launch_limits(q, eye, eye)
     with torch.autocast(device_type=scores.device.type, enabled=False):
         prec = torch.get_float32_matmul_precision()
         torch.set_float32_matmul_precision("highest")  # exact s = q I in fp32
@@ -237,6 +266,13 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     lead, n = q.shape[:-2], q.shape[-2]
     need_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     q4, k4, v4 = (_four_d(x.to(dt)) for x in (q, k, v))
+    check_launch_limits(q4, k4, v4)
+    entmax = kind == "entmax15"
     with torch.autocast(device_type=dev, enabled=False):
-        out = _fwd_op(q4, k4, v4, float(scale), kind == "entmax15", need_grad)[0]
+        if canary.trusted((dt, n, k.shape[-2], entmax, need_grad), q4, k4, v4, float(scale), _forward, _bwd_op,
+                          tp._MAX_PASSES):
+            out = _fwd_op(q4, k4, v4, float(scale), entmax, need_grad)[0]
+        else:  # the canary failed and TOKENMIX_TRITON_CANARY=fallback: the torch path (fp32, as the CPU op)
+            from .entmax_fast import sparse_attention as torch_path
+            out = torch_path(q4, k4, v4, float(scale), kind).to(dt)
     return out if len(lead) == 2 else out.reshape(*lead, n, v.shape[-1])

@@ -150,10 +150,23 @@ class _Gate(pl.Callback):
     def __init__(self):
         self.go, self.done = threading.Semaphore(0), threading.Semaphore(0)
         self.error: BaseException | None = None
+        self.stop = False  # set by close(): fit ends after the step it is parked in, whatever max_steps says
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.done.release()
         self.go.acquire()
+        if self.stop:
+            trainer.should_stop = True
+
+
+def precision_args(device: torch.device | str, precision: str) -> dict:
+    """Trainer arguments for ``precision``. On the CPU Lightning turns "16-mixed" into bf16 (fp16 AMP "not
+    supported on CPU"); torch has CPU fp16 autocast and a CPU GradScaler, so the plugin is given directly there:
+    the CPU rehearsal then runs the fp16 + GradScaler path a GPU runs."""
+    if precision == "16-mixed" and torch.device(device).type == "cpu":
+        from lightning.pytorch.plugins import MixedPrecision
+        return {"plugins": [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))]}
+    return {"precision": precision}
 
 
 class LightningStep:
@@ -169,7 +182,7 @@ class LightningStep:
         trainer = pl.Trainer(max_epochs=self.module.hparams.epochs, max_steps=steps,
                              accelerator=torch.device(device).type, devices=1, logger=False,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                             callbacks=[self.gate], num_sanity_val_steps=0, precision=precision)
+                             callbacks=[self.gate], num_sanity_val_steps=0, **precision_args(device, precision))
         data = _Data(batch if batch is not None else make_batch(s), steps)
 
         def fit():
@@ -195,9 +208,15 @@ class LightningStep:
         return self.module.last_stats["train/loss"]
 
     def close(self) -> None:
+        """Ends fit after the step it is parked in (a budget cut leaves steps unrun) and drops the module and
+        trainer, so their device memory can be freed."""
         if not self.first:
-            self.gate.go.release()  # lets fit reach max_steps
+            self.gate.stop = True
+            self.gate.go.release()
             self.thread.join(timeout=60)
+            if self.thread.is_alive():
+                raise RuntimeError("LightningStep.close: the trainer thread did not stop within 60 s")
+        self.module = self.student = self.thread = None
 
 
 def interleave(paths: dict, warmup: int, rounds: int, sync=lambda: None) -> tuple[dict, dict]:

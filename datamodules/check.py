@@ -15,7 +15,7 @@ from itertools import islice
 import numpy as np
 
 from . import DATASETS, build_dataset, canonical_name
-from .errors import DatasetError, SampleError
+from .errors import DatasetError, SampleError, SplitAbsentError
 
 # task names of the probes / analyses -> dataset
 TASK_ALIASES = {"knn": "imagenet", "pib": "imagenet", "corloc": "voc", "seg": "custom_seg", "depth": "custom_depth"}
@@ -95,15 +95,17 @@ def _check_splits(name: str, splits, args, console, progress):
         try:
             ds = _open_split(name, split, args)
         except DatasetError as e:
-            explicit = bool(args.split) or args.require_all
-            first = str(e).splitlines()[0]
-            status = "[red]ERROR[/red]" if explicit else "[yellow]absent[/yellow]"
-            rows.append((split, "-", _official(name, split) or "-", status))
-            if explicit or "DATA_ROOT" in first and "not set" in first:
+            # a split that does not exist may stay a note (a partial copy); one that exists but is refused
+            # (what `make probe` would refuse: unpaired files, bad class list, empty folder...) is a problem
+            absent = isinstance(e, SplitAbsentError) and not (args.split or args.require_all)
+            rows.append((split, "-", _official(name, split) or "-",
+                         "[yellow]absent[/yellow]" if absent else "[red]refused[/red]"))
+            if absent:
+                console.print(f"split {split!r} not checked: {str(e).splitlines()[0]}", style="yellow",
+                              markup=False, soft_wrap=True)
+            else:
                 problems.append((split, str(e)))
                 errors += 1
-            else:
-                console.print(f"split {split!r} not checked: {first}", style="yellow", markup=False, soft_wrap=True)
             continue
         n, probs = check_split(ds, args.jobs, args.limit, progress)
         official = _official(name, split, ds)
@@ -133,7 +135,7 @@ def _report(console, title: str, rows, problems, errors: int) -> int:
         console.print(f"{split}: {msg}", markup=False, highlight=False, soft_wrap=True)
     if not [r for r in rows if r[1] != "-"]:
         console.print("nothing to check: no split found", style="red")
-        return 1
+        errors = max(errors, 1)
     console.print(f"{'FAILED' if errors else 'OK'}: {errors} problem(s)", style="red" if errors else "green")
     return 1 if errors else 0
 

@@ -25,6 +25,15 @@ class SplitFileError(DatasetError):
     """A split list that is missing, empty or malformed."""
 
 
+class SplitAbsentError(MissingDataError):
+    """A split's folder (or split list) does not exist at all: a partial copy, not a broken one (``make
+    check-data`` notes it for a split nobody asked for; every other refusal of a split is a problem)."""
+
+
+class MissingSplitFileError(SplitFileError, SplitAbsentError):
+    """A split list file that does not exist."""
+
+
 class EmptyDatasetError(DatasetError):
     """A split that resolves to zero samples."""
 

@@ -21,6 +21,7 @@ from backbones.checkpoint import DINO, check_resume_config, runtime_record, writ
 from lightning_modules.dino_head import DINOHead, MultiCropWrapper
 from lightning_modules.dino_loss import DINOLoss
 from lightning_modules.fast_ops import clip_grad_norms_, ema_
+from lightning_modules.loop_state import epoch_end_form
 from lightning_modules.schedules import cancel_gradients_last_layer, cosine_scheduler, get_params_groups
 
 
@@ -197,7 +198,7 @@ class DINOPretrainModule(pl.LightningModule):
         self._last_loss = loss.detach()
         self._watch_finite(self._last_loss, it, now=stats_step or loss.device.type == "cpu")
         log = dict(on_step=True, on_epoch=False, sync_dist=False)
-        self.log("train/loss", self._last_loss, prog_bar=True, **log)
+        self.log("train/loss", self._last_loss, **log)  # not prog_bar: read back every step (callbacks/progress.py)
         if stats_step:
             m = self._sched(self.momentum_schedule, it)
             self.log_dict({"train/lr": lr, "train/wd": wd, "train/teacher_momentum": m, "train/teacher_temp": temp,
@@ -275,12 +276,14 @@ class DINOPretrainModule(pl.LightningModule):
         now = time.perf_counter()
         if self._last_batch_end is not None:
             ips = self.total_batch_size() / max(now - self._last_batch_end, 1e-9)
-            self.log("train/throughput_img_s", ips, prog_bar=True, on_step=True, on_epoch=False)
+            if self.trainer._logger_connector.should_update_logs:  # a logged float is copied to the device: a sync
+                self.log("train/throughput_img_s", ips, on_step=True, on_epoch=False)
         self._last_batch_end = now
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self._raise_if_nonfinite()  # never write a checkpoint past a non-finite loss
+        epoch_end_form(checkpoint)  # an epoch's last batch: the counters Lightning resumes right (loop_state.py)
         write_entry(checkpoint, self.student.backbone.backbone_config, kind=DINO,
                     runtime=runtime_record(self.student.backbone))
         # RNG streams (drop-path draws from the global generator) of every rank: Lightning calls this hook on all
@@ -298,6 +301,7 @@ class DINOPretrainModule(pl.LightningModule):
         return self.trainer.strategy.all_gather(state.to(self.device)).cpu()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        epoch_end_form(checkpoint)  # before Lightning restores its loops (files written before the fix)
         check_resume_config(checkpoint, self.student.backbone.backbone_config, kind=DINO,
                             runtime=runtime_record(self.student.backbone))
         rng = checkpoint.get("tokenmix_rng")

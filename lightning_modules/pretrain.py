@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from lightning.pytorch.callbacks import RichProgressBar
+import torch
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -35,13 +36,17 @@ from datamodules.errors import DatasetError
 from datamodules.pretraining import DINOPretrainDataModule
 from datamodules.supervised import SupervisedDataModule
 from lightning_modules.callbacks.checkpoint_io import AtomicCheckpointIO, validate_pretrain_checkpoint
+from lightning_modules.callbacks.end_checkpoint import EndCheckpoint
+from lightning_modules.callbacks.progress import LogStepProgressBar
 from lightning_modules.dino_module import DINOPretrainModule, NonFiniteLossError
+from lightning_modules.loop_state import epoch_end_form, epochs_trained
 from lightning_modules.supervised_module import SupervisedModule, validate_supervised_checkpoint
 from tokenmix import paths
 from tokenmix.io import CheckpointError, safe_torch_load
 from tokenmix.precision import cpu_precision_args
-from tokenmix.launch import (DEFAULT_TIMEOUT_MIN, cluster_num_nodes, ddp_strategy, global_rank, install_stop_handlers,
-                             refuse_unlaunched_multinode, wants_sync_batchnorm)
+from tokenmix.launch import (DEFAULT_TIMEOUT_MIN, LaunchError, cluster_num_nodes, ddp_strategy, global_rank,
+                             install_stop_handlers, refuse_silent_cpu, refuse_unlaunched_multinode,
+                             wants_sync_batchnorm)
 
 CONFIGS = paths.REPO / "configs"
 PAPER_TOTAL_BATCH = 1024  # 64 per GPU x 8 GPUs x 2 nodes
@@ -127,9 +132,10 @@ class PretrainCLI(LightningCLI):
         config["use_distributed_sampler"] = False
         cbs = config.get("callbacks") or []
         cbs = cbs if isinstance(cbs, list) else [cbs]
-        if config.get("enable_progress_bar", True) is not False and not any(
-                isinstance(c, RichProgressBar) for c in cbs):
-            cbs.append(RichProgressBar())
+        if not any(isinstance(c, EndCheckpoint) for c in cbs):
+            cbs.append(EndCheckpoint())  # last.ckpt holds the end of fit (a RESUME=1 after it trains nothing)
+        if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in cbs):
+            cbs.append(LogStepProgressBar())  # the loss read back once per logging interval, not every step
         config["callbacks"] = cbs
         config["strategy"] = ddp_strategy(config.get("strategy", "auto"), config.get("accelerator", "auto"),
                                           config.get("devices", "auto"), config.get("num_nodes", 1),
@@ -223,6 +229,39 @@ def early_checks(data: str, data_root: str, preset_file: Path, rest: list[str]) 
         load_split(data, data_root, "train")  # the dataset's own error (names the layout and the source)
 
 
+def trainer_setting(rest: list[str], preset: Path, key: str, default: Any = None) -> Any:
+    """``trainer.<key>`` as the run will see it: the last command-line override (``--trainer.key=v`` or
+    ``--trainer.key v``), else the preset's, else ``default``."""
+    flag, found = f"--trainer.{key}", None
+    for i, a in enumerate(rest):
+        if a.startswith(flag + "="):
+            found = a.split("=", 1)[1]
+        elif a == flag and i + 1 < len(rest):
+            found = rest[i + 1]
+    if found is not None:
+        return found
+    import yaml
+    return ((yaml.safe_load(preset.read_text()) or {}).get("trainer") or {}).get(key, default)
+
+
+def hardware_checks(objective: str, data: str, preset: Path, rest: list[str]) -> None:
+    """No silent hardware choice (LaunchError, in the launching process): a real dataset does not fall back to
+    the CPU because no GPU was found, and DINO refuses ``deterministic: true`` on CUDA, whose first backward would
+    raise (the reason below)."""
+    accelerator = str(trainer_setting(rest, preset, "accelerator", "auto"))
+    if not is_demo(data):
+        refuse_silent_cpu(data, accelerator)
+    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    if objective == "dino" and on_gpu and str(trainer_setting(rest, preset, "deterministic")).lower() == "true":
+        raise LaunchError(
+            "trainer.deterministic=true cannot train DINO on CUDA: the 96 px local crops interpolate the position "
+            "embeddings bicubically (backbones/vit.py, interpolate_pos_encoding: F.interpolate(mode='bicubic')), "
+            "and torch has no deterministic CUDA backward for that (upsample_bicubic2d_backward_out_cuda; "
+            "torch.use_deterministic_algorithms lists F.interpolate bicubic among the ops that raise), so the first "
+            "backward would fail. Use --trainer.deterministic=false (seeded, not bitwise reproducible) or "
+            "--trainer.deterministic=warn, or the CPU (--trainer.accelerator=cpu, as the tiny preset).")
+
+
 def parse_common(argv: Optional[list[str]], doc: str) -> tuple[argparse.Namespace, list[str], str]:
     """The pre-parser's flags (both objectives): -> (known, LightningCLI rest, variant name).
     Raises ValueError for an unknown variant or a real dataset without DATA_ROOT: fail before building a ViT."""
@@ -260,6 +299,7 @@ def launch_plan(argv: Optional[list[str]]) -> tuple[argparse.Namespace, Objectiv
         objective.validate(safe_torch_load(Path(resume_path)), resume_path)
     rest = nodes_from_cluster(rest) + rest
     early_checks(known.data, known.data_root, preset_file(preset), rest)
+    hardware_checks(objective.name, known.data, preset_file(preset), rest)
     args = build_args(variant, known.data, known.data_root, preset, runs, resume_path, rest)
     # mixed precision only where the device supports it (paper: 16-mixed, demo: bf16-mixed): fp32 on the CPU
     return known, objective, args + cpu_precision_args(rest), resume_path
@@ -277,12 +317,30 @@ def main(argv: Optional[list[str]] = None) -> int:
         return int(e.code or 0)
     except ValueError as e:  # e.g. a dataset layout error raised while building objects
         return _fail(e)
+    if resume_path and (line := finished_line(cli.trainer, resume_path)):
+        if global_rank() == 0:  # a requeued job, a study cell run again: train nothing, write nothing
+            print(line, flush=True)
+        return 0
     try:  # everything checkable before Lightning starts other processes
         refuse_unlaunched_multinode(cli.trainer.num_nodes)
         objective.check(cli)
     except ValueError as e:
         return _fail(e)
     return fit(cli, resume_path, quiet=objective.quiet)
+
+
+def finished_line(trainer, resume_path: str) -> Optional[str]:
+    """The one line saying the RESUME checkpoint's run already reached this trainer's end (``max_epochs`` or
+    ``max_steps``), or None. Such a fit would train nothing but still rewrite the run's summary and logs."""
+    ckpt = safe_torch_load(Path(resume_path))
+    epoch_end_form(ckpt)  # the counters as Lightning resumes them (loop_state.py)
+    step = int(ckpt.get("global_step", 0))
+    epochs = epochs_trained(ckpt)
+    loop = trainer.fit_loop
+    if not (0 <= loop.max_steps <= step or loop.max_epochs not in (None, -1) and epochs >= loop.max_epochs):
+        return None
+    return (f"run already finished: step {step}, epoch {epochs} of max_epochs={loop.max_epochs}, checkpoint "
+            f"{resume_path}; nothing to train (raise --trainer.max_epochs to extend it)")
 
 
 def build_cli(cli_class: type, model_class: type, data_class: type, args: list[str]) -> LightningCLI:

@@ -28,6 +28,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from backbones import create_vit, parse_variant
 from backbones.checkpoint import SUPERVISED, check_resume_config, runtime_record, validate_lightning, write_entry
 from lightning_modules.dino_module import NonFiniteLossError, _plain
+from lightning_modules.loop_state import epoch_end_form
 
 
 def lr_multiplier(where: float, warmup_frac: float = 0.01, warmup_factor: float = 0.1,
@@ -114,7 +115,7 @@ class SupervisedModule(pl.LightningModule):
                                      f"checkpoint: {ckpt}. Resume from it (RESUME=<path>) with a lower lr or "
                                      "trainer.precision=32-true.")
         self.train_top1(logits.detach(), labels)
-        self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
+        self.log("train/loss", loss.detach(), on_step=True, on_epoch=False)  # the bar: callbacks/progress.py
         self.log("train/lr", lr, on_step=True, on_epoch=False)
         self.log("train/top1", self.train_top1, on_step=False, on_epoch=True)
         return loss
@@ -156,12 +157,14 @@ class SupervisedModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        epoch_end_form(checkpoint)  # an epoch's last batch: the counters Lightning resumes right (loop_state.py)
         # the recorded backbone is the feature backbone (probes, analyses); the head's size sits beside it
         write_entry(checkpoint, self.backbone.backbone_config.replace(num_classes=0), kind=SUPERVISED,
                     runtime=runtime_record(self.backbone), num_classes=int(self.hparams.num_classes),
                     random_init=_plain(dict(self.random_init)))
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        epoch_end_form(checkpoint)  # before Lightning restores its loops (files written before the fix)
         meta = check_resume_config(checkpoint, self.backbone.backbone_config.replace(num_classes=0), kind=SUPERVISED,
                                    runtime=runtime_record(self.backbone))
         self.random_init = dict(meta.get("random_init") or {})

@@ -22,6 +22,7 @@ from tokenmix.launch import global_rank
 
 from .features import FeatureSpec, FrozenFeatures, gather_shards
 from .matching import hungarian, matched_miou
+from .trainer import make_trainer
 from . import retrieval as hb
 
 
@@ -29,8 +30,6 @@ def _predict_pass(ctx, features: FrozenFeatures, dataset, step: Callable, end: C
     """``trainer.predict`` over ``dataset`` sharded over the processes: ``step(module, batch)`` per batch,
     ``end(module)`` once on every process (collectives go there)."""
     import lightning as L
-
-    from .kinds import make_trainer
 
     class Pass(L.LightningModule):
         def __init__(self):

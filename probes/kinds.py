@@ -24,11 +24,13 @@ from typing import Any, Callable, Optional
 import torch
 
 from tokenmix.knn import knn_top1_topk
-from tokenmix.launch import ddp_strategy, global_rank, wants_sync_batchnorm
+from tokenmix.launch import global_rank
 
 from .backbone import BackboneInfo
 from .features import FeatureSpec, FrozenFeatures, extraction_module
+from .headless import run_overcluster, run_retrieval
 from .tasks import Kind, TaskSpec
+from .trainer import make_trainer
 
 
 @dataclass
@@ -56,17 +58,6 @@ class ProbeContext:
     @property
     def depth(self) -> int:
         return int(getattr(self.info.model, "depth", 1))
-
-
-def make_trainer(args, **kw):
-    """A Lightning Trainer on ``--accelerator`` x ``--devices`` x ``--num-nodes`` (DDP with a process-group
-    timeout when more than one process); our modules shard their own data (use_distributed_sampler=False)."""
-    import lightning as L
-    strategy = ddp_strategy("auto", args.accelerator, args.devices, args.num_nodes, args.dist_timeout)
-    return L.Trainer(accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes,
-                     strategy=strategy, use_distributed_sampler=False,
-                     sync_batchnorm=wants_sync_batchnorm(strategy, args.accelerator, "the probe head's BatchNorm"),
-                     enable_model_summary=False, enable_progress_bar=args.progress, **kw)
 
 
 # --------------------------------------------------------------------------- k-NN (no training)
@@ -203,16 +194,6 @@ def _cluster_line(m: dict) -> str:
     return "overclustering mIoU " + ", ".join(f"K={k}: {v['mIoU']:.2f}" for k, v in m["mIoU"].items())
 
 
-def _run_retrieval(ctx, spec, logger):
-    from .headless import run_retrieval
-    return run_retrieval(ctx, spec, logger)
-
-
-def _run_overcluster(ctx, spec, logger):
-    from .headless import run_overcluster
-    return run_overcluster(ctx, spec, logger)
-
-
 def _knn_line(m: dict) -> str:
     return "k-NN top-1 " + ", ".join(f"k={k}: {v:.2f}" for k, v in m["top1"].items())
 
@@ -249,9 +230,9 @@ KINDS: dict[Kind, ProbeKind] = {k.kind: k for k in [
     ProbeKind(Kind.DEPTH, partial(dense_spec, cls_default=True),  # DINOv2 depth: patch tokens + [CLS]
               lambda m: f"RMSE {m['rmse']:.4f}, AbsRel {m['abs_rel']:.4f}, d1 {m['d1']:.4f}",
               epochs=40, batch_size=16, build=build_depth),
-    ProbeKind(Kind.RETRIEVAL, patch_spec, _retrieval_line, batch_size=16, runner=_run_retrieval,
+    ProbeKind(Kind.RETRIEVAL, patch_spec, _retrieval_line, batch_size=16, runner=run_retrieval,
               profile=_miou_series),  # Hummingbird: mIoU per memory size
-    ProbeKind(Kind.OVERCLUSTER, patch_spec, _cluster_line, batch_size=16, runner=_run_overcluster,
+    ProbeKind(Kind.OVERCLUSTER, patch_spec, _cluster_line, batch_size=16, runner=run_overcluster,
               profile=_miou_series),  # Leopart-style overclustering: mIoU per K
 ]}
 

@@ -2,6 +2,7 @@
 
     python -m study --variants "softmax entmax" --seeds 2 --tasks "knn voc pib" --preset tiny [--dry-run]
     python -m study ... --launcher slurm --nodes 2 --gpus-per-node 8   # job scripts instead of local runs
+    python -m study ... --checkpoint dinov2_reg=dinov2_vits14_reg4_pretrain.pth   # + a given checkpoint's row
 
 Finished cells are reused (matched by configuration key and checkpoint sha256), missing ones run in dependency
 order, an interrupted study resumes. State: runs/study/<name>/; report: reports/study.md + study.csv + plots.
@@ -43,6 +44,20 @@ def parse_seeds(s: str) -> list[int]:
         raise ValueError(f"--seeds {s!r}: a count (e.g. 3 = seeds 0,1,2) or a list of seeds ('0,4,7')") from None
 
 
+def parse_checkpoint(s: str) -> tuple[str, str, str]:
+    """'NAME=FILE[:TIMM_NAME]' -> (name, file, timm name or ''); a ':' ends the file only before a name without
+    '/' (a model name, not a folder) and when FILE:... itself is no file."""
+    name, eq, rest = s.partition("=")
+    if not eq or not name.strip() or not rest.strip():
+        raise ValueError(f"--checkpoint {s!r}: expected NAME=FILE[:TIMM_NAME], e.g. "
+                         "dinov2_reg=dinov2_vits14_reg4_pretrain.pth or vits14=model.safetensors:"
+                         "vit_small_patch14_reg4_dinov2")
+    file, colon, arch = rest.rpartition(":")
+    if not colon or not file or "/" in arch or Path(rest).expanduser().is_file():
+        file, arch = rest, ""
+    return name.strip(), file.strip(), arch.strip()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m study", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -59,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
       "(study.points; default: the end of training only)")
     a("--task-data", action="append", default=[], metavar="TASK=DATA[:ROOT]",
       help="evaluate TASK on another data set, e.g. voc=voc:/data/VOCdevkit (repeatable)")
+    a("--checkpoint", action="append", default=[], metavar="NAME=FILE[:TIMM_NAME]",
+      help="also evaluate every task once on this checkpoint file, as the report's row NAME (no pretraining, no "
+      "seeds): a DINOv2 hub .pth, a timm .pth/.safetensors with its timm model name, an official DINO .pth, a "
+      "tokenmix .ckpt (repeatable; docs/study.md)")
     a("--probe-config", default=None, help="--config of every probe (default configs/probe/demo.yaml for demo "
       "data, configs/probe/paper.yaml otherwise; '' for none)")
     a("--pretrain-args", default="", help="extra flags of every pretraining run (LightningCLI overrides); "
@@ -99,13 +118,18 @@ def make_spec(args) -> Spec:
                        tasks=_words(args.tasks), preset=preset, data=args.data, data_root=args.data_root,
                        probe_config=args.probe_config, pretrain_args=shlex.split(args.pretrain_args),
                        probe_args=shlex.split(args.probe_args), analysis_args=shlex.split(args.analysis_args),
-                       root=Path(args.root) if args.root else None, task_data=task_data, at=args.at)
+                       root=Path(args.root) if args.root else None, task_data=task_data, at=args.at,
+                       checkpoints=[parse_checkpoint(c) for c in args.checkpoint])
 
 
 def describe(spec: Spec, cells, done, python: str, verbose: bool) -> str:
     n_pre = sum(c.kind == PRETRAIN for c in cells)
+    fixed = f" + {len(spec.checkpoints)} checkpoints" if spec.checkpoints else ""
     L = [f"[study] {spec.name}: {len(spec.variants)} variants x {len(spec.seeds)} seeds = {n_pre} pretraining "
-         f"runs, {len(spec.tasks)} tasks -> {len(cells) - n_pre} evaluations; state in {spec.root}"]
+         f"runs{fixed}, {len(spec.tasks)} tasks -> {len(cells) - n_pre} evaluations; state in {spec.root}"]
+    for name, file, arch, sha in spec.checkpoints:
+        L.append(f"[study] checkpoint {name}: {file}{' as ' + arch if arch else ''} (sha256 {sha[:12]}): every task "
+                 "once, no pretraining")
     if spec.max_epochs:
         from .points import describe_point
         L.append("[study] training points evaluated: " + ", ".join(describe_point(p, spec.max_epochs)
@@ -134,6 +158,7 @@ def cli_args(args, spec: Spec) -> list[str]:
              ("pretrain-args", args.pretrain_args), ("probe-args", args.probe_args),
              ("analysis-args", args.analysis_args), ("root", str(spec.root)), ("baseline", args.baseline)]
     pairs += [("task-data", td) for td in args.task_data] + ([("out", args.out)] if args.out else [])
+    pairs += [("checkpoint", f"{n}={f}" + (f":{a}" if a else "")) for n, f, a, _ in spec.checkpoints]
     return [f"--{k}={v}" for k, v in pairs]
 
 

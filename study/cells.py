@@ -6,7 +6,8 @@ writes into, the checkpoint it writes or reads, its key and its marker path. The
 
 A finished cell leaves a marker ``<study>/done/<cell>/<key>.json`` (written atomically) holding its key and the
 sha256 of the checkpoint it made or used. A cell counts as done only when its marker exists and the checkpoint /
-results.json it names still exist with that sha256.
+results.json it names still exist with that sha256: its pretraining's checkpoint, or, for an evaluation of a given
+file (``--checkpoint``, no pretraining), the sha256 that file had when the study was planned.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class Cell:
     checkpoint: Path = Path(".")  # pretraining: the last.ckpt it writes; evaluation: the checkpoint it reads
     marker: Path = Path(".")      # <study>/done/<cell>/<key>.json
     kept: tuple[tuple[str, Path], ...] = ()  # pretraining: (AT point, checkpoint it keeps) beside last.ckpt
+    sha256: str = ""    # evaluation of a given file (no pretraining, ``depends`` ""): the sha256 it must have
 
     @property
     def stage(self) -> str:
@@ -104,7 +106,8 @@ def done_record(cell: Cell, pre_record: Optional[dict] = None) -> Optional[dict]
         kept = [(m.get("points") or {}).get(p) or {} for p, _ in cell.kept]
         ok = all(_checkpoint_sha(Path(r.get("checkpoint", "")), r) == r.get("ckpt_sha256") for r in [m, *kept])
         return m if ok else None
-    if not pre_record or m.get("ckpt_sha256") != point_record(pre_record, cell.point).get("ckpt_sha256"):
+    want = cell.sha256 or point_record(pre_record or {}, cell.point).get("ckpt_sha256")
+    if not want or m.get("ckpt_sha256") != want:
         return None
     res = read_result(Path(m.get("results", "")))
     return m if res and res.checkpoint_sha256 == m["ckpt_sha256"] and res.task == cell.task else None

@@ -2,7 +2,9 @@
 
 A cell is one subprocess of the project's own command lines: ``pretrain.<variant>.seed<s>`` runs
 ``python -m lightning_modules.pretrain``; ``<task>.<variant>.seed<s>`` runs ``python -m probes.run`` or
-``python -m analysis.run`` on that pretraining's ``last.ckpt``. Every cell has a *key*: a hash of everything that
+``python -m analysis.run`` on that pretraining's ``last.ckpt``; ``<task>.<name>`` runs them on a given checkpoint
+file (``--checkpoint NAME=FILE[:TIMM_NAME]``: DINOv2, timm, DeiT, MAE, official DINO, another tokenmix run), once,
+with no pretraining cell. Every cell has a *key*: a hash of everything that
 decides its result (variant, seed, preset file, data, extra flags, probe config file). ``plan`` resolves each
 cell once (``study.cells.Cell``: key, command, runs folder, checkpoint, marker); the runners read only those.
 
@@ -27,11 +29,13 @@ from tokenmix.io import atomic_json_dump, sha256_file
 
 from .cells import PRETRAIN, Cell
 from .points import FINAL, checkpoint_name, keep_args, max_epochs, resolve_at
+from .tasks import headless_tasks, probe_flags
 
 
 def probe_tasks() -> tuple[str, ...]:
+    """The probe CLI's tasks and the head-free kinds on its segmentation tasks (``study.tasks``: voc_retrieval)."""
     from probes.tasks import TASKS
-    return tuple(TASKS)
+    return tuple(TASKS) + tuple(headless_tasks())
 
 
 def analysis_tasks() -> tuple[str, ...]:
@@ -83,11 +87,12 @@ class Spec:
     task_data: tuple[tuple[str, str, str], ...] = ()  # (task, data, data root) overriding data/data_root
     points: tuple[str, ...] = (FINAL,)  # training points evaluated (study.points; FINAL = last.ckpt)
     max_epochs: int = 0                 # the schedule the points refer to (0: not needed, no AT)
+    checkpoints: tuple[tuple[str, str, str, str], ...] = ()  # (name, file, timm name or '', sha256): fixed rows
 
     @classmethod
     def create(cls, *, name: str, variants, seeds, tasks, preset: str, data: str = "demo", data_root: str = "",
                probe_config: Optional[str] = None, pretrain_args=(), probe_args=(), analysis_args=(),
-               root: Optional[Path] = None, task_data=(), at: str = "") -> "Spec":
+               root: Optional[Path] = None, task_data=(), at: str = "", checkpoints=()) -> "Spec":
         from backbones.variants import parse_variant  # the variant names' one home
         if not re.fullmatch(r"[A-Za-z0-9_.+-]+", name or ""):
             raise ValueError(f"study name {name!r}: letters, digits and _ . + - only (it names a folder)")
@@ -96,8 +101,8 @@ class Spec:
             c = parse_variant(v).name  # ValueError listing every valid variant
             if c not in canon:
                 canon.append(c)
-        if not canon or not seeds or not tasks:
-            raise ValueError("a study needs at least one variant, one seed and one task")
+        if not tasks or not (canon or checkpoints) or (canon and not seeds):
+            raise ValueError("a study needs at least one task, and one variant with one seed or one --checkpoint")
         for t in list(tasks) + [td[0] for td in task_data]:
             task_source(t)
         pfile = preset_file(preset)
@@ -108,9 +113,10 @@ class Spec:
         if probe_config and not (paths.REPO / probe_config).is_file() and not Path(probe_config).is_file():
             raise ValueError(f"probe config {probe_config}: no such file (see configs/probe/)")
         root = Path(root) if root else paths.RUNS / "study" / name
+        fixed = read_checkpoints(checkpoints, canon)  # last: the other flags' errors come first, within seconds
         return cls(name, tuple(canon), tuple(int(s) for s in seeds), tuple(dict.fromkeys(tasks)), preset, data,
                    data_root, probe_config, tuple(pretrain_args), tuple(probe_args), tuple(analysis_args),
-                   root.resolve(), tuple(tuple(td) for td in task_data), points, epochs)
+                   root.resolve(), tuple(tuple(td) for td in task_data), points, epochs, fixed)
 
     def seed_root(self, seed: int) -> Path:
         """The runs/ folder of one seed: <root>/seed<s>/<variant>/{pretrain,probe,analysis}/..."""
@@ -127,6 +133,34 @@ class Spec:
         return p if p.is_file() else Path(self.probe_config).resolve()
 
 
+def read_checkpoints(checkpoints, variants) -> tuple[tuple[str, str, str, str], ...]:
+    """(name, file, timm name) -> (name, absolute file, timm name, sha256), each file read and built once here in
+    the launching process: a missing file, an unknown layout or weights that do not fit the named timm model fail
+    before any cell runs, with ``backbones.read_checkpoint``'s message."""
+    from backbones import read_checkpoint
+    from tokenmix.io import CheckpointError
+    out, seen = [], set(variants)
+    for name, file, arch in checkpoints:
+        if not re.fullmatch(r"[A-Za-z0-9_+-]+", name or ""):
+            raise ValueError(f"--checkpoint {name}={file}: the name (the report's row, a folder) takes letters, "
+                             "digits and _ + - only")
+        if name in seen:
+            raise ValueError(f"--checkpoint {name}: the name is already a variant or another checkpoint's row")
+        seen.add(name)
+        path = Path(file).expanduser()
+        if not path.is_file():
+            raise ValueError(f"--checkpoint {name}: no file {path} (expected NAME=FILE[:TIMM_NAME]: a DINOv2 hub "
+                             ".pth, a timm model's .pth/.safetensors with its timm name, an official DINO .pth, a "
+                             "tokenmix .ckpt; docs/backbones.md)")
+        try:
+            ck = read_checkpoint(path, arch=arch or None)
+            ck.build()  # the weights fit the architecture (shapes, keys): not only found in the file
+        except CheckpointError as e:
+            raise ValueError(f"--checkpoint {name}: {e}") from None
+        out.append((name, str(path.resolve()), arch or "", ck.sha256))
+    return tuple(out)
+
+
 def pretrain_key(spec: Spec, variant: str, seed: int) -> str:
     files = [preset_file(spec.preset)] + [paths.REPO / "configs" / "variants" / f"{p}.yaml"
                                           for p in variant.split("+")]
@@ -139,20 +173,26 @@ def pretrain_key(spec: Spec, variant: str, seed: int) -> str:
     return _key(body)
 
 
-def eval_key(spec: Spec, task: str, seed: int) -> str:
+def eval_key(spec: Spec, task: str, seed: int, checkpoint: tuple = ()) -> str:
+    """``checkpoint``: a fixed row's (name, file, timm name, sha256): its file's sha256 and timm name join the
+    key, so a changed file is never taken for the one evaluated before."""
     cfg = spec.probe_config_path()
     source = task_source(task)
     data, root = spec.eval_data(task)
-    return _key({"task": task, "seed": seed, "data": data, "data_root": root,
-                 "args": list(spec.probe_args if source == "probe" else spec.analysis_args),
-                 "config": sha256_file(cfg) if source == "probe" and cfg else None})
+    body = {"task": task, "seed": seed, "data": data, "data_root": root,
+            "args": list(spec.probe_args if source == "probe" else spec.analysis_args),
+            "config": sha256_file(cfg) if source == "probe" and cfg else None}
+    if checkpoint:  # only for those rows: the variants' keys (and finished cells) stay as they were
+        body.update(checkpoint_sha256=checkpoint[3], arch=checkpoint[2])
+    return _key(body)
 
 
 def plan(spec: Spec) -> list[Cell]:
     """Every pretraining cell first, then each task on every checkpoint (the order they run in), resolved."""
     pre = [_pretrain_cell(spec, v, s) for v in spec.variants for s in spec.seeds]
     # task-major: a study stopped half-way already has whole columns (every variant and seed of the first tasks)
-    return pre + [_eval_cell(spec, t, p, c) for t in spec.tasks for p in spec.points for c in pre]
+    return pre + [cell for t in spec.tasks for cell in [_eval_cell(spec, t, p, c) for p in spec.points for c in pre]
+                  + [_checkpoint_cell(spec, t, ck) for ck in spec.checkpoints]]
 
 
 def _run_folder(spec: Spec, variant: str, seed: int, key: str) -> Path:
@@ -182,15 +222,30 @@ def _eval_cell(spec: Spec, task: str, point: str, pre: Cell) -> Cell:
     cid = f"{task}.{pre.variant}.seed{pre.seed}" + (f"@{point}" if point else "")
     kind, key = task_source(task), eval_key(spec, task, pre.seed)
     ckpt = pre.checkpoint.parent / checkpoint_name(point)
-    head = ["--task", task, "--variant", pre.variant, "--ckpt", str(ckpt), *_data_args(*spec.eval_data(task))]
-    if kind == "probe":
-        cfg = spec.probe_config_path()
-        args = ["-m", "probes.run", *head, "--runs-dir", str(pre.runs), *(["--config", str(cfg)] if cfg else []),
-                "--seed", str(pre.seed), *spec.probe_args]
-    else:
-        args = ["-m", "analysis.run", *head, *spec.analysis_args]
-    return Cell(cid, kind, pre.variant, pre.seed, task, key, pre.id, point, tuple(args), pre.runs, ckpt,
+    args = _eval_args(spec, task, ["--variant", pre.variant, "--ckpt", str(ckpt)], pre.runs, pre.seed)
+    return Cell(cid, kind, pre.variant, pre.seed, task, key, pre.id, point, args, pre.runs, ckpt,
                 _marker_path(spec, cid, key))
+
+
+def _checkpoint_cell(spec: Spec, task: str, ck: tuple[str, str, str, str]) -> Cell:
+    """``task`` on a fixed checkpoint file: one run (probe seed 0, ``make probe``'s default), no pretraining; its
+    own runs folder <study>/checkpoints/<name>; the timm name goes to the CLI as ``--arch``."""
+    name, file, arch, sha = ck
+    cid, key, runs = f"{task}.{name}", eval_key(spec, task, 0, ck), spec.root / "checkpoints" / name
+    args = _eval_args(spec, task, ["--ckpt", file, *(["--arch", arch] if arch else [])], runs, 0)
+    return Cell(cid, task_source(task), name, 0, task, key, args=args, runs=runs, checkpoint=Path(file),
+                marker=_marker_path(spec, cid, key), sha256=sha)
+
+
+def _eval_args(spec: Spec, task: str, backbone: list[str], runs: Path, seed: int) -> tuple[str, ...]:
+    """The command of an evaluation cell (documented flags of probes.run / analysis.run only)."""
+    probe = task_source(task) == "probe"
+    head = [*(probe_flags(task) if probe else ["--task", task]), *backbone, *_data_args(*spec.eval_data(task))]
+    if probe:
+        cfg = spec.probe_config_path()
+        return ("-m", "probes.run", *head, "--runs-dir", str(runs), *(["--config", str(cfg)] if cfg else []),
+                "--seed", str(seed), *spec.probe_args)
+    return ("-m", "analysis.run", *head, *spec.analysis_args)
 
 
 def _marker_path(spec: Spec, cell_id: str, key: str) -> Path:

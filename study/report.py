@@ -1,8 +1,10 @@
 """The study report: reports/study.md + study.csv + one plot per metric.
 
 Metrics are the columns of ``analysis.report`` (``COLUMNS`` + ``EXTRA_COLUMNS``: same titles, same pick of the
-number out of results.json) and the papers' rows are its ``paper_table()``; nothing is copied here. Each cell is
-mean ± std over seeds with n; Δ to the baseline carries ≈ when inside seed noise (``study.stats``).
+number out of results.json; ``study.tasks`` adds the head-free probes' columns, titled after them) and the papers'
+rows are its ``paper_table()``; nothing is copied here. Each cell is mean ± std over seeds with n; Δ to the
+baseline carries ≈ when inside seed noise (``study.stats``). A given checkpoint (``--checkpoint``) is a row of its
+own: one run, no std and no Δ verdict.
 
     >>> table = collect(spec, cells, status(cells))  # doctest: +SKIP
     >>> write_report(spec, table, Path("reports"))          # doctest: +SKIP
@@ -30,6 +32,7 @@ from .plan import Spec
 from .points import FINAL, progress
 from .results import read_result
 from .stats import Difference, Summary, compare, summarize
+from .tasks import headless_columns
 
 INSIDE = "≈"
 
@@ -37,7 +40,7 @@ INSIDE = "≈"
 def columns_for(task: str, source: str, data: str) -> list:
     """The report columns one task feeds (analysis columns are tied to the data sets they apply to)."""
     out = []
-    for c in COLUMNS + EXTRA_COLUMNS:
+    for c in COLUMNS + EXTRA_COLUMNS + headless_columns():
         if c.source != source or c.task != task:
             continue
         if c.datasets and data not in c.datasets and not (is_demo(data) and "demo" in c.datasets):
@@ -60,11 +63,12 @@ class Table:
     progress: dict = field(default_factory=dict)  # point -> % of the schedule (None: unknown)
     curves: dict = field(default_factory=dict)  # (variant, column key) -> {point: [(seed, value)]}
     degradation: dict = field(default_factory=dict)  # (variant, column key) -> curves.Degradation
+    checkpoints: list = field(default_factory=list)  # rows of given files (--checkpoint): one run each, in values
 
 
 def collect(spec: Spec, cells: list[Cell], done: dict, baseline: str = "softmax") -> Table:
     base = baseline if baseline in spec.variants else None
-    t = Table(list(spec.variants), base, points=list(spec.points))
+    t = Table(list(spec.variants), base, points=list(spec.points), checkpoints=[n for n, *_ in spec.checkpoints])
     last_point = t.points[-1]
     finished, final_steps = set(), []
     for c in cells:
@@ -82,18 +86,20 @@ def collect(spec: Spec, cells: list[Cell], done: dict, baseline: str = "softmax"
         res = read_result(Path(rec["results"])) if rec else None
         if res is None:
             continue
-        if c.point == last_point:
+        at_end = c.point == last_point or bool(c.sha256)  # a given file has no training points
+        if at_end:
             finished.add(c.task)
         for col in columns_for(c.task, c.kind, data):
             v = col.pick(res.metrics, res.payload)
             if v is None:
                 continue
-            t.curves.setdefault((c.variant, col.key), {}).setdefault(c.point, []).append((c.seed, v))
-            if c.point == last_point:
+            if not c.sha256:
+                t.curves.setdefault((c.variant, col.key), {}).setdefault(c.point, []).append((c.seed, v))
+            if at_end:
                 t.values.setdefault((c.variant, col.key), []).append((c.seed, v, str(res.path)))
     final_step = sorted(final_steps)[len(final_steps) // 2] if final_steps else None
     t.progress = {p: progress(p, spec.max_epochs or 1, final_step) for p in t.points}
-    order = {c.key: i for i, c in enumerate(COLUMNS + EXTRA_COLUMNS)}
+    order = {c.key: i for i, c in enumerate(COLUMNS + headless_columns() + EXTRA_COLUMNS)}
     # a column whose task finished without giving its metric (e.g. an older results.json schema) is dropped;
     # one whose task has not finished yet stays, as 'not run'
     keep = [c for c in t.columns if any(k == c.key for _, k in t.values) or c.task not in finished]
@@ -119,6 +125,11 @@ def fmt_summary(s: Optional[Summary], digits: int) -> str:
         return NOT_RUN
     spread = "n/a" if s.std is None else f"{s.std:.{digits}f}"
     return f"{s.mean:.{digits}f} ± {spread} (n={s.n})"
+
+
+def fmt_single(s: Optional[Summary], digits: int) -> str:
+    """A given checkpoint's value: one run, so no spread to show."""
+    return NOT_RUN if s is None else f"{s.mean:.{digits}f} (single run)"
 
 
 def fmt_diff(d: Optional[Difference], digits: int) -> str:
@@ -163,11 +174,15 @@ def shown_command(args) -> str:
     """The study's command line as a report writes it: absolute paths through :func:`_shown`, and one outside
     the repository and the runs folder as ``<…>/<name>`` (its folder is this machine's, not the reader's)."""
     def arg(a: str) -> str:
-        if not os.path.isabs(a):
-            return a
-        s = _shown(a)
-        return f"<…>/{Path(a).name}" if os.path.isabs(s) else s
+        head, eq, value = a.rpartition("=")  # NAME=/path of --checkpoint as well
+        return head + eq + _shown_file(value) if os.path.isabs(value) else a
     return " ".join(shlex.quote(arg(a)) for a in args)
+
+
+def _shown_file(p) -> str:
+    """:func:`_shown`, and a path outside the repository and the runs folder as ``<…>/<name>``."""
+    s = _shown(p)
+    return f"<…>/{Path(p).name}" if os.path.isabs(s) else s
 
 
 def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
@@ -178,7 +193,8 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
     papers = [p for p in paper_table() if any(p.get(c.key) is not None for c in t.columns)]
     L = [f"# tokenmix study `{spec.name}`", "",
          f"Generated {now} by `{command}`: variants {', '.join(spec.variants)}; seeds "
-         f"{', '.join(map(str, spec.seeds))}; preset `{spec.preset}`; data `{spec.data}`; tasks "
+         f"{', '.join(map(str, spec.seeds))}; {_checkpoints_phrase(spec)}preset `{spec.preset}`; data "
+         f"`{spec.data}`; tasks "
          f"{', '.join(spec.tasks)}. State and runs: `{_shown(spec.root)}`.", "",
          "Each cell: mean ± sample standard deviation over seeds (n = seeds measured). Δ = mean − mean of "
          f"`{t.baseline or 'no baseline'}`, ± its standard error se_Δ = sqrt(se_a² + se_b²) with se = std/sqrt(n); "
@@ -189,11 +205,11 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
               "ImageNet, demo VOC scenes for VOC/PiB/CorLoc, demo NYU rooms for NYUv2): never compare them with "
               "the paper rows, which are there for reference only."]
     L += ["", "## Mean ± std over seeds", "", "| variant | " + " | ".join(heads) + " |", sep]
-    for v in t.variants:
-        L.append(f"| {v} | " + " | ".join(fmt_summary(t.summaries.get((v, c.key)), c.digits) for c in t.columns)
-                 + " |")
+    L += [f"| {v} | " + " | ".join(fmt_summary(t.summaries.get((v, c.key)), c.digits) for c in t.columns) + " |"
+          for v in t.variants] + checkpoint_rows(t)
     for p in papers:
         L.append(f"| *{p['row']}* | " + " | ".join(_paper_cell(p, c, False) for c in t.columns) + " |")
+    L += checkpoint_lines(spec)
     L += ["", f"## Difference to {t.baseline} (Δ ± se_Δ; {INSIDE} = inside seed noise)", "",
           "| variant | " + " | ".join(heads) + " |", sep]
     for v in t.variants:
@@ -228,6 +244,26 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
           "(first 12 hex digits).", ""]
     L += [f"- `{cid}`: `{_shown(rd) if rd else rd}` (checkpoint {sha[:12]})" for cid, rd, sha in t.cells]
     return "\n".join(L) + "\n"
+
+
+def _checkpoints_phrase(spec: Spec) -> str:
+    return f"checkpoints {', '.join(n for n, *_ in spec.checkpoints)}; " if spec.checkpoints else ""
+
+
+def checkpoint_rows(t: Table) -> list[str]:
+    """The mean table's rows of the given checkpoints (``--checkpoint``)."""
+    return [f"| {n} (checkpoint) | " + " | ".join(fmt_single(t.summaries.get((n, c.key)), c.digits)
+                                                 for c in t.columns) + " |" for n in t.checkpoints]
+
+
+def checkpoint_lines(spec: Spec) -> list[str]:
+    """What the (checkpoint) rows are: the files, their sha256, and why they have no std and no Δ."""
+    if not spec.checkpoints:
+        return []
+    L = ["", "(checkpoint) rows: a given checkpoint file (`--checkpoint`), every task run once on it (probe seed 0), "
+         "with no pretraining: a single run, so no std over seeds and no Δ or verdict against the baseline."]
+    return L + [f"- `{n}`: `{_shown_file(f)}`{f' (timm `{a}`)' if a else ''}, sha256 {sha[:12]}"
+                for n, f, a, sha in spec.checkpoints]
 
 
 def over_training_lines(t: Table, spec: Spec, plots: list[str]) -> list[str]:
@@ -296,6 +332,10 @@ def write_csv(spec: Spec, t: Table, path: Path) -> None:
                         g(d.delta if d else None), g(d.se if d else None),
                         "" if d is None or d.inside_noise is None else str(d.inside_noise).lower(),
                         " ".join(f"{sd}:{x:.6g}" for sd, x, _ in sorted(t.values[(v, c.key)]))])
+        for n in t.checkpoints:  # one run: no std, no seed, no Δ
+            s = t.summaries.get((n, c.key))
+            w.writerow(["checkpoint", n, c.key, c.title, s.n if s else 0, f"{s.mean:.6g}" if s else NOT_RUN,
+                        "", "", "", "", "", ""])
         for p in paper_table():
             if p.get(c.key) is not None:
                 dl = p.get(f"{c.key}_delta")
@@ -310,8 +350,9 @@ def plot_column(t: Table, col, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(t.variants), 3.2))
-    for i, v in enumerate(t.variants):
+    rows = t.variants + t.checkpoints  # a checkpoint's one run: a single dot
+    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(rows), 3.2))
+    for i, v in enumerate(rows):
         pts = t.values.get((v, col.key), [])
         n = max(len(pts), 1)
         for j, (seed, x, _) in enumerate(sorted(pts)):
@@ -319,7 +360,7 @@ def plot_column(t: Table, col, path: Path) -> None:
         s = t.summaries.get((v, col.key))
         if s is not None:
             ax.errorbar(i + 0.3, s.mean, yerr=s.std or 0, fmt="_", color="k", ms=12, capsize=4)
-    ax.set_xticks(range(len(t.variants)), t.variants, rotation=20, fontsize=8)
+    ax.set_xticks(range(len(rows)), rows, rotation=20, fontsize=8)
     ax.set_ylabel(col.title + (" ↓" if col.lower_is_better else ""), fontsize=8)
     ax.set_title(col.title, fontsize=9)
     ax.set_xlabel("dots: one per seed; bar: mean ± std", fontsize=7)
@@ -332,7 +373,7 @@ def write_report(spec: Spec, t: Table, out: Path, command: str = "python -m stud
     out.mkdir(parents=True, exist_ok=True)
     plots = []
     for c in t.columns:
-        if any((v, c.key) in t.values for v in t.variants):
+        if any((v, c.key) in t.values for v in t.variants + t.checkpoints):
             plot_column(t, c, out / f"study_{c.key}.png")
             plots.append(f"study_{c.key}.png")
     if len(t.points) > 1:

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import tiers
+from helpers import shared_runs, tiers
 
 # Keep the 2-core CI machine responsive and the results reproducible; under pytest-xdist (-n N) the workers share
 # the cores instead of each taking both.
@@ -92,3 +92,11 @@ def fixtures_root() -> Path:
     if not FIXTURES.is_dir():
         pytest.skip(f"real-format fixtures not present at {FIXTURES}")
     return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def entmax_run(tmp_path_factory) -> shared_runs.TinyRun:
+    """ONE trained tiny entmax DINO run for the whole session (k-NN and dense checks on, epoch 1 kept): every test
+    that needs "a trained checkpoint" or its logs reads this one instead of training its own. Read-only."""
+    root = tmp_path_factory.mktemp("shared_entmax_run")
+    return shared_runs.train_tiny_entmax(root / "runs", shared_runs.small_voc(root / "demo"))

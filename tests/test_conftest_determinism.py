@@ -1,11 +1,15 @@
-"""Regression: a module-scoped fixture that runs a deterministic Trainer (as test_pretrain_cli's ``entmax_run``)
+"""Regression: a module- or session-scoped fixture that runs a deterministic Trainer (as conftest.py's ``entmax_run``)
 must not leave torch's deterministic mode on for the test files after it."""
 from pathlib import Path
+
+import torch._inductor  # noqa: F401  (see below)
 
 pytest_plugins = ["pytester"]
 
 
 def test_module_fixture_does_not_leak_deterministic_mode(pytester):
+    # torch.use_deterministic_algorithms imports torch._inductor on first use: imported here, before the inner
+    # session, pytester's module snapshot keeps it (imported inside, it would be dropped and register its ops twice)
     pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
     pytester.makepyfile(
         test_a="""

@@ -71,6 +71,7 @@ def test_paper_preset_on_this_machine_prints_the_scale_line(plain_machine, fixtu
     # one process on a CPU machine; 1 step of batch 2 (ViT-S/16, 2 x 224 + 8 x 96 crops)
     code = main(["--variant", "softmax", "--data", "imagenet", "--data-root", str(fixtures_root / "imagenet"),
                  "--runs-dir", str(tmp_path), "--data.batch_size=2", "--trainer.max_steps=1",
+                 "--trainer.accelerator=cpu",  # a real dataset on the CPU: chosen explicitly (tokenmix/launch.py)
                  "--data.num_workers=0", "--trainer.enable_progress_bar=false", "--trainer.callbacks=[]"])
     out = capfd.readouterr()  # Lightning's log handler writes to the real stderr
     assert code == 0, out.err[-3000:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,3 +151,42 @@ def test_teacher_head_batchnorm_uses_batch_statistics_as_official():
     assert bn.running_mean.abs().sum() > 0  # moved from its zero init
     m.eval()
     assert not bn.training
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.slow
+def test_two_processes_resume_at_epoch_ends_again_and_after_the_end(tmp_path):
+    # 3 epochs x 2 batches, a checkpoint every 2 steps: every checkpoint is an epoch's last batch (issue 40).
+    # Resume from the first, again from one the resumed run wrote, then RESUME=1 on the finished run
+    tiny = yaml.safe_load((REPO / "configs/pretrain/tiny.yaml").read_text())
+    cbs = tiny["trainer"]["callbacks"] + [{"class_path": "ddp_helpers.RankSeed"}]  # ranks draw differently
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs, "max_epochs": 3}, "data": {"batches_per_epoch": 2}}))
+    t0 = time.perf_counter()
+
+    def run(runs: Path, *more: str) -> str:
+        with started(stdout=subprocess.PIPE, **_cmd(runs, [f"--config={extra}", *more], "onednn")) as p:
+            return finish(p, timeout=250)
+    run(tmp_path / "a")
+    shutil.copy(last_checkpoint(tmp_path / "a").parent / "step0002.ckpt", tmp_path / "start.ckpt")
+    assert "resuming from" in run(tmp_path / "b", "--resume", str(tmp_path / "start.ckpt"))
+    shutil.copy(last_checkpoint(tmp_path / "b").parent / "step0004.ckpt", tmp_path / "again.ckpt")
+    run(tmp_path / "c", "--resume", str(tmp_path / "again.ckpt"))
+    done = last_checkpoint(tmp_path / "c")
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(done.parents[1].rglob("*")) if p.is_file()}
+    out = run(tmp_path / "c", "--resume", "1")
+    assert out.count("run already finished: step 6") == 1 and str(done) in out and "resuming from" not in out, out
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(done.parents[1].rglob("*")) if p.is_file()} \
+        == before
+    print(f"straight + 2 resumed + finished 2-process runs: {time.perf_counter() - t0:.1f} s")
+    a = torch.load(last_checkpoint(tmp_path / "a"), weights_only=True)
+    for name in ("b", "c"):
+        got = torch.load(last_checkpoint(tmp_path / name), weights_only=True)
+        assert got["global_step"] == a["global_step"] == 6
+        for key in ("state_dict", "optimizer_states", "tokenmix_rng", "epoch", "global_step"):
+            assert_same(a[key], got[key], f"{name}:{key}")
+        assert_same(a["loops"]["fit_loop"]["epoch_progress"], got["loops"]["fit_loop"]["epoch_progress"], name)
+    assert a["loops"]["fit_loop"]["epoch_progress"]["total"] == {"ready": 3, "started": 3, "processed": 3,
+                                                                 "completed": 2}
+    rng = a["tokenmix_rng"]["ranks_torch"]
+    assert rng.shape[0] == 2 and not torch.equal(rng[0], rng[1])

@@ -1,16 +1,18 @@
-"""DenseProbeCheck: a tiny pretraining writes the dense mIoU and the diffusion measures as TensorBoard scalars and a
-summary.json series; the online mIoU equals ``probes.run --solver ridge`` on the checkpoint; 2 processes give the
-numbers 1 process gives. Run as a script (``python tests/test_dense_check.py OUT DEVICES DEMO_ROOT``) it is the
+"""DenseProbeCheck: a tiny pretraining writes the dense mIoU, the retrieval mIoU and the diffusion measures as
+TensorBoard scalars and a summary.json series; the online mIoU equals ``probes.run --solver ridge`` on the
+checkpoint, the retrieval mIoU a hand-worked case and the retrieval probe's core on the same features; 2 processes
+give the numbers 1 process gives. Run as a script (``python tests/test_dense_check.py OUT DEVICES DEMO_ROOT``) it is the
 DDP worker of the last test."""
 from __future__ import annotations
 
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from helpers import shared_runs
 
 REPO = Path(__file__).resolve().parents[1]
 CHECK = {"max_samples": 5, "img_size": 32, "batch_size": 2, "attn_images": 3}
@@ -25,23 +27,14 @@ def small_voc(tmp_path_factory):
 
 @pytest.mark.timeout(600)
 @pytest.mark.slow
-def test_pretraining_series_tensorboard_and_the_probe_cli_agree(tmp_path, small_voc):
-    import yaml
+def test_pretraining_series_tensorboard_and_the_probe_cli_agree(tmp_path, entmax_run):
+    # the session's shared tiny entmax run (tests/helpers/shared_runs.py) has DenseProbeCheck on with CHECK's settings
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from lightning_modules.pretrain import main as pretrain
     from probes.run import main as probe
-    from study.points import keep_args
-    cbs = yaml.safe_load((REPO / "configs/pretrain/tiny.yaml").read_text())["trainer"]["callbacks"]
-    cbs.insert(-1, {"class_path": "lightning_modules.callbacks.dense_check.DenseProbeCheck",
-                    "init_args": {"data_root": str(small_voc), "every_n_epochs": 1, **CHECK}})
-    extra = tmp_path / "extra.yaml"
-    extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs}}))
-    t0 = time.perf_counter()
-    assert pretrain(["--variant", "entmax", "--preset", "tiny", "--runs-dir", str(tmp_path / "runs"),
-                     f"--config={extra}", "--trainer.enable_progress_bar=false", *keep_args(("e1", ""))]) == 0
-    call_wall = time.perf_counter() - t0
-    [summary] = (tmp_path / "runs").glob("entmax/pretrain/tiny/version_0/summary.json")
+    assert shared_runs.DENSE_CHECK == CHECK
+    call_wall, small_voc = entmax_run.call_wall, entmax_run.small_voc
+    [summary] = entmax_run.runs.glob("entmax/pretrain/tiny/version_0/summary.json")
     metrics = json.loads(summary.read_text())["metrics"]
     series = metrics["dense_series"]
     # the stated cost: the checks' seconds over the fit's wall time, which is shorter than the whole call
@@ -50,11 +43,12 @@ def test_pretraining_series_tensorboard_and_the_probe_cli_agree(tmp_path, small_
     assert all(0 < p["dense/cpu_seconds"] for p in series)
     # start, end of epoch 1, end: 3 points, each with every measure
     assert [(p["when"], p["step"], p["epoch"]) for p in series] == [("start", 0, 0), ("epoch", 3, 1), ("end", 6, 2)]
-    keys = ["dense/mIoU", "diffusion/pib_cls", "diffusion/cls_patch_cosine", "diffusion/effective_rank",
-            "diffusion/attn_entropy", "diffusion/attn_zero_share"]
+    keys = ["dense/mIoU", "dense/retrieval_mIoU", "diffusion/pib_cls", "diffusion/cls_patch_cosine",
+            "diffusion/effective_rank", "diffusion/attn_entropy", "diffusion/attn_zero_share"]
     for p in series:
         assert all(p[k] is not None for k in keys), p
         assert 0 <= p["dense/mIoU"] <= 100 and 1 <= p["diffusion/effective_rank"] <= 32  # width 32
+        assert 0 <= p["dense/retrieval_mIoU"] <= 100
         assert 0 < p["diffusion/attn_entropy"] <= __import__("math").log(17) + 1e-6  # 16 patches + [CLS]
     acc = EventAccumulator(str(summary.parent))
     acc.Reload()
@@ -91,7 +85,8 @@ def test_one_forward_per_image_and_one_collective_for_the_sums(small_voc):
     cb = DenseProbeCheck(data_root=str(small_voc), **CHECK)
     dm = cb.datamodule(model.patch_size)
     calls = []
-    strategy = SimpleNamespace(reduce=lambda t, reduce_op: (calls.append(t.numel()), t)[1])  # 2 identical ranks
+    strategy = SimpleNamespace(reduce=lambda t, reduce_op: (calls.append(t.numel()), t)[1],  # 2 identical ranks
+                               all_gather=lambda t: torch.stack([t, t]))
     module = SimpleNamespace(teacher=SimpleNamespace(backbone=model), device=torch.device("cpu"))
     one = cb.evaluate(SimpleNamespace(global_rank=0, world_size=1), module)
     assert sum(seen) == len(dm.train_set) + len(dm.val_set) == 2 * CHECK["max_samples"]
@@ -103,8 +98,67 @@ def test_one_forward_per_image_and_one_collective_for_the_sums(small_voc):
     assert one["diffusion/attn_entropy"] == pytest.approx(ent.mean().item(), rel=1e-6)
     assert one["diffusion/attn_zero_share"] == 0.0  # softmax: no exact zeros
     two = cb.evaluate(SimpleNamespace(global_rank=0, world_size=2, strategy=strategy), module)
-    assert calls[-1] == 7 + D * D and 7 not in calls  # after the probe's reduces: every named sum at once
+    C = dm.num_classes  # after the probe's reduces: every named sum and the retrieval confusion at once
+    assert calls[-1] == 7 + D * D + C * C and 7 not in calls
     assert two["diffusion/attn_entropy"] == pytest.approx(ent[:, ::2].mean().item(), rel=1e-6)  # rank 0's shard
+
+
+@pytest.mark.timeout(60)
+def test_retrieval_hand_worked():
+    """Memory: one training image, patch 2, two patches: A = (1, 0) with pixels 3 x class 0 + 1 x class 1 (label
+    distribution (3/4, 1/4)), B = (0, 1) all class 1. Two validation images of one patch each, k = 2: q1 = (0.8, 0.6)
+    (class 0), q2 = (0.6, 0.8) (class 1). At T = 0.1 q1's weights are softmax(8, 6) = (0.881, 0.119): class 0 gets
+    0.881 * 3/4 = 0.661 > 0.339, q2 the mirror: class 1 → every pixel right, mIoU 100. At T = 1 q1's weights are
+    softmax(0.8, 0.6) = (0.550, 0.450): class 0 gets 0.412 < 0.588, so both images say class 1: confusion
+    [[0, 4], [0, 4]], either Hungarian map gives IoU 0 and 4/8 → mIoU 25."""
+    import torch
+
+    from lightning_modules.callbacks.dense_check import Retrieval
+    train = torch.tensor([[1.0, 0.0], [0.0, 1.0]]).T.reshape(1, 2, 1, 2)  # (B, D, h, w): A left, B right
+    train_mask = torch.tensor([[[0, 0, 1, 1], [0, 1, 1, 1]]])  # (1, 2, 4): patch A = 3 x 0 + 1 x 1
+    val = torch.tensor([[0.8, 0.6], [0.6, 0.8]]).reshape(2, 2, 1, 1)
+    val_masks = [torch.zeros(2, 2, dtype=torch.long), torch.ones(2, 2, dtype=torch.long)]
+    for t, want, cm in ((0.1, 100.0, [[4, 0], [0, 4]]), (1.0, 25.0, [[0, 4], [0, 4]])):
+        r = Retrieval(memory_size=100, n_train=1, num_patches=2, num_classes=2, patch=2, k=2, temperature=t)
+        r.add_train(train, train_mask, [0])
+        r.gather(2, torch.device("cpu"), 0, 1, None)
+        assert sorted(r.memory[1].tolist()) == [[0.0, 1.0], [0.75, 0.25]]
+        got = r.confusion(val, val_masks)
+        assert got.tolist() == cm
+        assert Retrieval.miou(got.double()) == pytest.approx(want, abs=1e-9)
+
+
+@pytest.mark.timeout(300)
+def test_retrieval_series_equals_the_probe_core_on_the_same_features(small_voc):
+    """The check's retrieval mIoU from its shared forwards equals the retrieval probe's own core
+    (``probes.retrieval``: memory_rows, memory_bank, confusion_of; Hungarian matching) run on FrozenFeatures of the
+    same images, with a memory of 3 patches per image (so the per-image sampling matters)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from backbones import create_vit
+    from lightning_modules.callbacks.dense_check import DenseProbeCheck
+    from probes import retrieval as hb
+    from probes.features import FeatureSpec, FrozenFeatures
+    from probes.matching import hungarian, matched_miou
+    model = create_vit("vit_test_patch8", "softmax", seed=0).eval()
+    cb = DenseProbeCheck(data_root=str(small_voc), **{**CHECK, "retrieval_memory": 15, "retrieval_k": 4})
+    dm = cb.datamodule(model.patch_size)
+    module = SimpleNamespace(teacher=SimpleNamespace(backbone=model), device=torch.device("cpu"))
+    got = cb.evaluate(SimpleNamespace(global_rank=0, world_size=1), module)["dense/retrieval_mIoU"]
+    features, C = FrozenFeatures(model, FeatureSpec(kind="dense", n_last_blocks=1, with_cls=False)), dm.num_classes
+    train = [dm.train_set[i] for i in range(len(dm.train_set))]
+    with torch.no_grad():
+        ftr = features(torch.stack([x["image"] for x in train]))
+        fva = features(torch.stack([dm.val_set[i]["image"] for i in range(len(dm.val_set))]))
+    gens = [hb.image_generator(0, 0, i) for i in range(len(train))]
+    f, y = hb.memory_rows(ftr, torch.stack([x["mask"] for x in train]), gens, 3, model.patch_size, C)
+    assert f.shape[:2] == (len(train), 3)  # 15 patches / 5 images
+    mem, lab = hb.memory_bank(f[:, None], y[:, None], 3)
+    cm = hb.confusion_of(fva, [dm.val_set[i]["mask"] for i in range(len(dm.val_set))], mem, lab, C, k=4)
+    assert got == pytest.approx(100 * matched_miou(cm, hungarian(cm))["mIoU"], abs=1e-9)
+    assert 0 < got <= 100
 
 
 def _worker(out: str, devices: int, root: str) -> None:
@@ -149,12 +203,12 @@ def test_two_processes_equal_one(tmp_path, small_voc):
         r = run([sys.executable, __file__, str(out), str(n), str(small_voc)], timeout=500, cwd=REPO, env=env)
         assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
         got[n] = json.loads(out.read_text())
-    assert [p["when"] for p in got[2]] == ["start", "end"]
+    assert [p["when"] for p in got[2]] == ["start", "end"] and all("dense/retrieval_mIoU" in p for p in got[2])
     for one, two in zip(got[1], got[2]):  # 5 + 5 images: shards of 3 and 2 images
         for k, v in one.items():
             if isinstance(v, str):
                 assert two[k] == v
-            elif k in ("dense/mIoU", "dense/aAcc", "dense/mAcc", "diffusion/pib_cls"):  # counts: the same
+            elif k in ("dense/mIoU", "dense/aAcc", "dense/mAcc", "dense/retrieval_mIoU", "diffusion/pib_cls"):  # counts
                 assert two[k] == pytest.approx(v, abs=1e-9), k
             elif not k.endswith("seconds"):  # other batches of float32 forwards: the last bits differ
                 assert two[k] == pytest.approx(v, rel=1e-5), k

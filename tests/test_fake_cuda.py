@@ -1,4 +1,5 @@
-"""The CUDA path traced without a GPU: ``FakeTensorMode`` tensors on ``device="cuda"`` under bf16 autocast.
+"""The CUDA path traced without a GPU: ``FakeTensorMode`` tensors on ``device="cuda"`` under bf16 autocast (the
+DINO step also under 16-mixed: fp16 autocast and the GradScaler).
 
 Fake tensors carry device, dtype and shape but no data, and mixing a CPU and a CUDA tensor in one op raises
 ``FakeTensorDeviceMismatchError``, as the GPU would. CUDA autocast is on (torch is told bf16 is supported). SDPA
@@ -76,8 +77,8 @@ def to_fake_cuda(module: torch.nn.Module, mode: FakeTensorMode) -> torch.nn.Modu
     return module
 
 
-def amp():
-    return torch.autocast("cuda", dtype=torch.bfloat16)
+def amp(dtype=torch.bfloat16):
+    return torch.autocast("cuda", dtype=dtype)
 
 
 def fake_backward(params) -> None:
@@ -99,35 +100,53 @@ def dino_module(variant: str) -> DINOPretrainModule:
                               backbone={"img_size": 32})
 
 
-@pytest.mark.parametrize("variant", ["softmax", "entmax", "registers", "lastvit"])
-def test_dino_step_on_fake_cuda(fake, variant):
+@pytest.mark.parametrize("variant,precision", [(v, "bf16-mixed") for v in ("softmax", "entmax", "registers", "lastvit")]
+                         + [(v, "16-mixed") for v in ("softmax", "entmax")])
+def test_dino_step_on_fake_cuda(fake, variant, precision):
+    """16-mixed (the paper preset): fp16 autocast, and the GradScaler's scale, un-scale and update on CUDA with
+    the foreach AdamW the module picks for it, clipping after the un-scale (as Lightning's plugin orders them).
+    ``GradScaler.step``'s found-inf read is a host read: its optimiser step is traced directly."""
+    from types import SimpleNamespace
     module = to_fake_cuda(dino_module(variant), fake)
     # Module.to keeps each Parameter object (it swaps the data); the fake conversion makes new ones: rebind the
     # module's own parameter lists (EMA pairs, last layer) as they would still be after a real .to("cuda")
     module._ema_pairs = (list(module.teacher.parameters()), list(module.student.parameters()))
     module._last_layer = [p for n, p in module.student.named_parameters() if "last_layer" in n and p.requires_grad]
+    half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}[precision]
     B = 2
     with fake:
         crops = [torch.randn(B, 3, 32, 32, device=CUDA) for _ in range(2)] + \
             [torch.randn(B, 3, 16, 16, device=CUDA) for _ in range(2)]
+        module._trainer = SimpleNamespace(precision=precision)  # what configure_optimizers reads
         opt = module.configure_optimizers()
-        with amp():
+        module._trainer = None
+        scaler = torch.amp.GradScaler("cuda") if precision == "16-mixed" else None
+        with amp(half):
             with torch.no_grad():
                 teacher_out = module.teacher(crops[:2])
             student_out = module.student(crops)
             loss = module.dino_loss(student_out, teacher_out, 0)
         module._watch_finite(loss.detach(), 0, now=False)  # the on-device non-finite watch (no host read)
+        scaled = scaler.scale(loss) if scaler else loss
         fake_backward(module.student.parameters())
+        if scaler:
+            scaler.unscale_(opt)
         module.configure_gradient_clipping(opt)  # per-parameter clipping, last layer frozen in epoch 0
         opt.step()
+        if scaler:
+            scaler.update()
         module.ema_update(0.996)
     assert teacher_out.shape == (2 * B, 64) and student_out.shape == (4 * B, 64)
-    assert teacher_out.dtype == student_out.dtype == torch.bfloat16  # the head's last Linear under autocast
+    assert teacher_out.dtype == student_out.dtype == half  # the head's last Linear under autocast
     assert loss.dtype == torch.float32 and loss.shape == () and loss.device == CUDA
+    assert opt.defaults["foreach" if scaler else "fused"] is True
+    if scaler:
+        assert scaled.device == CUDA and scaler._scale.device == CUDA and scaler._growth_tracker.device == CUDA
     center = module.dino_loss.center
     assert center.device == CUDA and center.dtype == torch.float32 and center.shape == (1, 64)
     assert all_cuda(module.parameters()) and all(p.dtype == torch.float32 for p in module.parameters())
-    state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    # foreach AdamW keeps its step counts on the host (torch's choice when not capturable); fused on the device
+    state = [v for s in opt.state.values() for k, v in s.items() if torch.is_tensor(v) and (k != "step" or not scaler)]
     assert state and all_cuda(state)
     assert module._nonfinite.device == CUDA
 

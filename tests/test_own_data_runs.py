@@ -105,6 +105,7 @@ def test_folder_pretraining_learns(tmp_path):
     extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs}}))
     assert main(["--variant", "entmax", "--data", "folder", "--data-root", str(root / "imagefolder" / "train"),
                  "--runs-dir", str(tmp_path / "runs"), "--preset", "demo", "--trainer.enable_progress_bar=false",
+                 "--trainer.accelerator=cpu",  # a real dataset on the CPU: chosen explicitly (tokenmix/launch.py)
                  "--trainer.max_epochs=1", "--trainer.max_steps=8", "--model.warmup_epochs=0",
                  f"--config={extra}"]) == 0
     trained = backbone_from_checkpoint(_ckpt(tmp_path / "runs", "entmax")).eval()

@@ -21,22 +21,12 @@ def _ckpt(runs: Path, variant: str) -> Path:
     return found[-1]
 
 
-@pytest.fixture(scope="module")
-def entmax_run(tmp_path_factory):
-    """2 epochs x 3 steps of entmax with the k-NN check added (on 256 train images)."""
-    runs = tmp_path_factory.mktemp("runs")
-    tiny = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/pretrain/tiny.yaml").read_text())
-    cbs = tiny["trainer"]["callbacks"]
-    cbs.insert(-1, {"class_path": "lightning_modules.callbacks.knn.KNNCheck", "init_args": {"max_train": 256}})
-    extra = runs / "knn.yaml"
-    extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs}}))
-    assert main(["--variant", "entmax", "--runs-dir", str(runs), *FAST, f"--config={extra}"]) == 0
-    return runs
-
-
+# ``entmax_run`` (conftest.py): the session's one tiny entmax run, 2 epochs x 3 steps with the k-NN check on 256
+# train images (and DenseProbeCheck, read by test_dense_check.py); shared, so the tests below only read it
+@pytest.mark.timeout(600)  # the first test to use it trains it
 def test_tensorboard_has_scalar_and_image_tags(entmax_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    logdir = _ckpt(entmax_run, "entmax").parents[1]
+    logdir = _ckpt(entmax_run.runs, "entmax").parents[1]
     ea = EventAccumulator(str(logdir), size_guidance={"scalars": 0, "images": 0})
     ea.Reload()
     scalars, images = set(ea.Tags()["scalars"]), set(ea.Tags()["images"])
@@ -73,8 +63,9 @@ def _plain_types(x, where="hparams"):
         assert x is None or isinstance(x, (str, int, float, bool)), f"{where}: {type(x)}"
 
 
+@pytest.mark.timeout(600)
 def test_checkpoint_convention_and_weights_only(entmax_run):
-    ck = torch.load(_ckpt(entmax_run, "entmax"), map_location="cpu", weights_only=True)  # the whole file
+    ck = torch.load(_ckpt(entmax_run.runs, "entmax"), map_location="cpu", weights_only=True)  # the whole file
     assert ck["tokenmix"]["variant"] == "entmax" and ck["tokenmix"]["arch"] == "vit_test_patch8"
     assert ck["tokenmix"]["backbone"]["variant"] == "entmax"
     _plain_types(ck["tokenmix"])
@@ -85,10 +76,11 @@ def test_checkpoint_convention_and_weights_only(entmax_run):
     assert "student.head.last_layer.weight_g" in ck["state_dict"]  # official head key names
 
 
+@pytest.mark.timeout(600)
 def test_export_writes_official_backbone_format(entmax_run, tmp_path):
     from backbones import backbone_from_checkpoint, create_vit, load_checkpoint
     from lightning_modules.export import main as export_main
-    src = _ckpt(entmax_run, "entmax")
+    src = _ckpt(entmax_run.runs, "entmax")
     out = tmp_path / "backbone.pth"
     assert export_main(["--ckpt", str(src), "--variant", "entmax", "--out", str(out)]) == 0
     sd = torch.load(out, weights_only=True)
@@ -108,14 +100,23 @@ def test_export_writes_official_backbone_format(entmax_run, tmp_path):
 @pytest.mark.parametrize("variant", ["softmax", "registers", "specialization", "lastvit", "entmax+lastvit"])
 @pytest.mark.slow
 def test_every_variant_pretrains(variant, tmp_path):
-    args = ["--variant", variant, "--runs-dir", str(tmp_path), *FAST, "--trainer.max_epochs=1",
-            "--data.batches_per_epoch=2", "--model.warmup_epochs=0", "--model.warmup_teacher_temp_epochs=0",
-            ]
+    preset = "tiny"
+    if variant == "softmax":  # also: --preset may be a YAML path (a copy of tiny.yaml); its run is named by the file
+        import shutil
+
+        from tokenmix.paths import REPO
+        preset = tmp_path / "my_preset.yaml"
+        shutil.copy(REPO / "configs" / "pretrain" / "tiny.yaml", preset)
+    args = ["--variant", variant, "--runs-dir", str(tmp_path), "--preset", str(preset),
+            "--trainer.enable_progress_bar=false", "--trainer.max_epochs=1", "--data.batches_per_epoch=2",
+            "--model.warmup_epochs=0", "--model.warmup_teacher_temp_epochs=0"]
     assert main(args) == 0
     ck = torch.load(_ckpt(tmp_path, variant), weights_only=True)
     assert ck["global_step"] == 2 and ck["tokenmix"]["variant"] == variant
     if variant == "registers":
         assert ck["state_dict"]["student.backbone.reg_token"].shape[1] == 4
+    if variant == "softmax":
+        assert list((tmp_path / "softmax" / "pretrain" / "my_preset").glob("version_0/checkpoints/last.ckpt"))
 
 
 @pytest.mark.slow
@@ -150,20 +151,6 @@ def test_non_finite_loss_stops_naming_step_and_checkpoint(tmp_path, capsys, monk
     assert main(["--variant", "softmax", "--runs-dir", str(tmp_path), *FAST]) == 1
     err = capsys.readouterr().err
     assert "loss is nan at step 3" in err and "last.ckpt" in err
-
-
-@pytest.mark.slow
-def test_preset_may_be_a_yaml_path(tmp_path):
-    import shutil
-
-    from tokenmix.paths import REPO
-    own = tmp_path / "my_preset.yaml"
-    shutil.copy(REPO / "configs" / "pretrain" / "tiny.yaml", own)
-    args = ["--variant", "softmax", "--runs-dir", str(tmp_path / "runs"), "--preset", str(own),
-            "--trainer.enable_progress_bar=false", "--trainer.max_epochs=1", "--data.batches_per_epoch=1",
-            "--model.warmup_epochs=0", "--model.warmup_teacher_temp_epochs=0"]
-    assert main(args) == 0
-    assert list((tmp_path / "runs" / "softmax" / "pretrain" / "my_preset").glob("version_0/checkpoints/last.ckpt"))
 
 
 class StartWeights(pl.Callback):

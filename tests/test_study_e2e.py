@@ -46,6 +46,24 @@ def test_study_runs_resumes_and_reports(tmp_path):
     assert "running" not in second.stderr
     assert sorted((tmp_path / "study").glob("seed*/softmax/probe/knn/version_*/results.json")) == results
 
+    # a pretraining cell that finished but lost its marker (killed before recording, a requeue): run again, it
+    # resumes its finished run, trains nothing and records the same checkpoint; its summary is untouched (issue 40)
+    marker = next(m for m in sorted((tmp_path / "study" / "done").rglob("*.json"))
+                  if json.loads(m.read_text())["kind"] == "pretrain")
+    rec = json.loads(marker.read_text())
+    run = Path(rec["run_dir"])
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(run.rglob("*")) if p.is_file()}
+    marker.unlink()
+    third = procs.run(argv, cwd=REPO, env=env, timeout=200)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "(resuming)" in third.stderr
+    log = next(p for p in (tmp_path / "study").rglob("*.log") if str(p).endswith(f"{rec['cell']}.log")).read_text()
+    assert "run already finished" in log and "resuming from" not in log.split("run already finished")[-1]
+    again = json.loads(marker.read_text())
+    assert {k: again[k] for k in ("checkpoint", "ckpt_sha256", "global_step")} == \
+        {k: rec[k] for k in ("checkpoint", "ckpt_sha256", "global_step")}
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(run.rglob("*")) if p.is_file()} == before
+
     vals = [p["metrics"]["top1"]["20"] for p in payloads]
     md = (tmp_path / "reports" / "study.md").read_text()
     cell = f"{statistics.mean(vals):.2f} ± {statistics.stdev(vals):.2f} (n=2)"

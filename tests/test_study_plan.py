@@ -19,6 +19,9 @@ PIB = {("softmax", 0): 40.0, ("softmax", 1): 50.0, ("entmax", 0): 45.0, ("entmax
 # AT: the values at the end of epoch 1 (the end of the 2-epoch tiny schedule gives the tables above)
 KNN_E1 = {("softmax", 0): 84.0, ("softmax", 1): 83.0, ("entmax", 0): 86.0, ("entmax", 1): 88.0}
 VOC_E1 = {k: 30.0 for k in VOC}
+# retrieval mIoU (task voc_retrieval: probes.run --task voc --kind retrieval) at the end and at epoch 1
+RET = {("softmax", 0): 40.0, ("softmax", 1): 42.0, ("entmax", 0): 44.0, ("entmax", 1): 48.0}
+RET_E1 = {("softmax", 0): 41.0, ("softmax", 1): 45.0, ("entmax", 0): 40.0, ("entmax", 1): 42.0}
 
 
 def _flag(cmd, name):
@@ -67,8 +70,14 @@ class FakeCLIs:
             key, task = (variant, int(seed)), _flag(cmd, "--task")
             knn, voc = (KNN_E1, VOC_E1) if tag == "e1" else (KNN, VOC)
             if module == "probes.run":
+                kind = _flag(cmd, "--kind")
+                task = f"{task}_{kind}" if kind else task  # the probe CLI's run name (voc_retrieval)
                 out = _next_version(Path(_flag(cmd, "--runs-dir")) / variant / "probe" / task)
                 metrics = {"top1": {"10": 0.0, "20": knn[key]}} if task == "knn" else {"mIoU": voc[key]}
+                if kind == "retrieval":  # mIoU per memory size; the largest memory is the report's
+                    ret = RET_E1 if tag == "e1" else RET
+                    metrics = {"mIoU": {"1024": {"mIoU": 1.0, "memory": 1024},
+                                        "102400": {"mIoU": ret[key], "memory": 76800}}}
                 body = results_payload(task=task, variant=variant, data="demo", metrics=metrics,
                                        backbone=backbone_entry({}, str(ckpt), sha),
                                        config={"dataset": "demo_cls", "seed": int(_flag(cmd, "--seed"))})
@@ -281,6 +290,27 @@ def test_at_keeps_points_evaluates_each_reuses_and_reports_curves(tmp_path, fake
     assert "KeepCheckpoints" in (tmp_path / "b" / "slurm" / "pretrain.sbatch").read_text()
     assert main([*argv, "--at", "e9"]) == 2
     assert "AT word 'e9'" in capsys.readouterr().err
+
+
+def test_retrieval_is_a_study_task_with_its_column_and_curve(tmp_path, fake):
+    """TASKS=voc_retrieval runs the probe CLI's head-free kind (--task voc --kind retrieval), at every AT point,
+    and the report shows its mIoU at the largest memory, its curve and its degradation row (numbers: RET)."""
+    argv = ["--name", "r", "--root", str(tmp_path / "r"), "--out", str(tmp_path / "rep"), "--variants",
+            "softmax entmax", "--seeds", "2", "--tasks", "voc voc_retrieval", "--preset", "tiny", "--at", "50% 100%"]
+    assert main(argv) == 0
+    ret = [c for c in fake.calls if c[2] == "probes.run" and _flag(c, "--kind") == "retrieval"]
+    assert len(ret) == 8 and all(_flag(c, "--task") == "voc" for c in ret)  # 2 points x 4 checkpoints
+    assert (tmp_path / "r" / "done" / "voc_retrieval.entmax.seed1@e1").is_dir()
+    md = (tmp_path / "rep" / "study.md").read_text()
+    title = "VOC retrieval mIoU (Hummingbird, largest memory)"
+    assert f"| variant | VOC mIoU | {title} |" in md
+    assert "| softmax | 30.00 ± 0.00 (n=2) | 41.00 ± 1.41 (n=2) |" in md  # (40 + 42) / 2, not the 1,024 memory's 1
+    assert "| entmax | 31.00 ± 0.00 (n=2) | 46.00 ± 2.83 (n=2) |" in md
+    # softmax is best at epoch 1 (43 > 41): drops 41-40 = 1 and 45-42 = 3 per seed, mean 2.00
+    assert f"| {title} | softmax | epoch 1 | 43.00 | 41.00 | 2.00 ± 1.41 (n=2) | +1.00 +3.00 |" in md
+    assert (tmp_path / "rep" / "study_curve_voc_retrieval.png").stat().st_size > 1000
+    fake.calls.clear()
+    assert main(argv) == 0 and fake.calls == []  # the cells are found again (results under voc_retrieval/)
 
 
 def test_report_paths_are_relative_to_the_repo_or_the_runs_folder(monkeypatch, tmp_path):

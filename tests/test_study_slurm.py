@@ -110,3 +110,21 @@ def test_finished_cells_leave_the_arrays(generated, tmp_path):
     assert _run(folder / "submit.sh", fake).returncode == 0
     assert Path(f"{log}.sbatch").read_text().splitlines() == [
         "--parsable eval.sbatch", "--parsable --dependency=afterany:1001 report.sbatch"]
+
+
+@pytest.mark.parametrize("env,resume", [({}, ""), ({"SLURM_RESTART_COUNT": "0"}, ""),
+                                        ({"SLURM_RESTART_COUNT": "2"}, "1"),  # requeued: its own run's last.ckpt
+                                        ({"SLURM_RESTART_COUNT": "1", "RESUME": "/r/x.ckpt"}, "/r/x.ckpt")])
+def test_paper_sbatch_requeued_resumes_its_run(tmp_path, env, resume):
+    # configs/slurm/pretrain_2x8.sbatch under a stand-in srun that logs its command: a requeued job (SLURM sets
+    # SLURM_RESTART_COUNT) resumes (a finished run then trains nothing: test_resume_anywhere.py), a first one not
+    fake, log = tmp_path / "bin", tmp_path / "srun.log"
+    fake.mkdir()
+    _bin(fake, "srun", f'printf "%s\\n" "$@" > {log}\n')
+    script = Path(__file__).resolve().parents[1] / "configs" / "slurm" / "pretrain_2x8.sbatch"
+    e = {k: v for k, v in os.environ.items() if k not in ("RESUME", "SLURM_RESTART_COUNT")}
+    r = procs.run(["bash", str(script)], env={**e, "PATH": f"{fake}:{os.environ['PATH']}", "DATA_ROOT": "/d", **env},
+                  timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    args = log.read_text().splitlines()
+    assert args[args.index("--resume") + 1] == resume

@@ -59,6 +59,40 @@ def refuse_unlaunched_multinode(num_nodes: int) -> None:
             "node; the node count is then read from the cluster environment (docs/scale.md).")
 
 
+def cuda_report() -> str:
+    """What torch says about CUDA on this machine: its CUDA build (``torch.version.cuda``), whether it sees a
+    device, and, when not, the reason its CUDA initialisation gives (no driver, a driver too old for the build)."""
+    build = torch.version.cuda
+    if not build:
+        return f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None)"
+    line = f"torch {torch.__version__} is built for CUDA {build}"
+    if torch.cuda.is_available():
+        return f"{line} and sees {torch.cuda.device_count()} device(s)"
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:  # the CUDA init warning, where torch gives one
+        warnings.simplefilter("always")
+        try:
+            torch.cuda.init()
+            reason = ""
+        except Exception as e:  # noqa: BLE001 (the text is the report; nothing else runs after a refusal)
+            reason = str(e).strip()
+    said = "; ".join(t for t in dict.fromkeys([reason, *(str(w.message).strip() for w in caught)]) if t)
+    return f"{line}, but torch.cuda.is_available() is False ({said or 'no reason given by torch'})"
+
+
+def refuse_silent_cpu(data: str, accelerator: str) -> None:
+    """A real dataset (``data``, not the demo data) that would train on the CPU only because no GPU was found
+    (``accelerator`` auto, or gpu / cuda, the setting the run asks Lightning for; ``cpu`` set on the command line
+    or in a preset is a choice, not a fallback). LaunchError naming torch's CUDA build and what it reports about
+    the driver."""
+    if str(accelerator).lower() == "cpu" or torch.cuda.is_available():
+        return
+    raise LaunchError(
+        f"DATA={data} would train on the CPU because no GPU is usable here: {cuda_report()}. Training a real "
+        "dataset on the CPU is never chosen silently (one process, precision 32-true). Fix the driver / install a "
+        "torch built for it, or pass --trainer.accelerator=cpu to train on the CPU on purpose.")
+
+
 def count_devices(accelerator: str, devices: Union[int, str, list, None]) -> int:
     """Devices per node Lightning will use for ``accelerator`` / ``devices`` (``auto`` / -1 = all present)."""
     if isinstance(devices, (list, tuple)):

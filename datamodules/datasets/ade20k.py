@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import MissingDataError
 from .base import (IGNORE_INDEX, BaseDataset, MMSegMeta, check_label_range, check_same_size, image_tensor,
-                   load_label, load_rgb, mask_tensor)
+                   load_label, load_rgb, mask_tensor, require_split_dirs)
 
 _LAYOUT = """  ADEChallengeData2016/images/{training,validation}/ADE_*.jpg
   ADEChallengeData2016/annotations/{training,validation}/ADE_*.png   (0 = other, 1-150)"""
@@ -35,10 +34,8 @@ class ADE20KDataset(BaseDataset):
         base = self.root / "ADEChallengeData2016" if (self.root / "ADEChallengeData2016").is_dir() else self.root
         sub = self._FOLDER[split]
         img_dir, ann_dir = base / "images" / sub, base / "annotations" / sub
-        for d in (img_dir, ann_dir):
-            if not d.is_dir():
-                raise MissingDataError(f"dataset '{self.name}': expected folder {d} is missing.\n"
-                                       f"Expected layout under DATA_ROOT:\n{self.LAYOUT}\nGet it from: {self.SOURCE}")
+        require_split_dirs((img_dir, ann_dir), lambda d: f"dataset '{self.name}': expected folder {d} is missing.\n"
+                           f"Expected layout under DATA_ROOT:\n{self.LAYOUT}\nGet it from: {self.SOURCE}")
         for p in sorted(img_dir.glob("*.jpg")):
             self.samples.append({"image": p, "mask": ann_dir / f"{p.stem}.png"})
         self._finish()

@@ -18,7 +18,8 @@ from PIL import Image, ImageFile, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from ..errors import (CorruptFileError, DepthFormatError, EmptyDatasetError, LabelRangeError,
-                     MissingDataError, SampleError, SizeMismatchError, SplitFileError)
+                     MissingDataError, MissingSplitFileError, SampleError, SizeMismatchError, SplitAbsentError,
+                     SplitFileError)
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,14 @@ def resolve_root(root: str | os.PathLike | None, name: str, layout: str, source:
     return path
 
 
+def require_split_dirs(dirs, message) -> None:
+    """A split's folders (images, targets): none there -> ``SplitAbsentError`` (the split is absent), some there ->
+    ``MissingDataError`` (the split is broken); ``message(first missing folder)`` says what to put where."""
+    missing = [d for d in dirs if not Path(d).is_dir()]
+    if missing:
+        raise (SplitAbsentError if len(missing) == len(dirs) else MissingDataError)(message(missing[0]))
+
+
 def require_dir(path: Path, name: str, layout: str, source: str) -> Path:
     if not path.is_dir():
         raise MissingDataError(
@@ -51,7 +60,7 @@ def require_dir(path: Path, name: str, layout: str, source: str) -> Path:
 def read_split_file(path: Path, what: str = "split list") -> list[str]:
     """Non-empty, non-comment lines of a split file; missing or empty file -> SplitFileError."""
     if not path.is_file():
-        raise SplitFileError(
+        raise MissingSplitFileError(
             f"{what} {path} is missing. It lists the samples of this split, one per line; "
             "restore it from the dataset archive or pass split_file=<path>.")
     lines = [ln.strip() for ln in path.read_text().splitlines()]

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import LabelRangeError, MissingDataError
+from ..errors import LabelRangeError
 from .base import (IGNORE_INDEX, BaseDataset, MMSegMeta, check_label_range, check_same_size, image_tensor,
-                   load_label, load_rgb, mask_tensor)
+                   load_label, load_rgb, mask_tensor, require_split_dirs)
 
 _LAYOUT = """  leftImg8bit/{train,val}/<city>/<city>_<seq>_<frame>_leftImg8bit.png
   gtFine/{train,val}/<city>/<city>_<seq>_<frame>_gtFine_labelTrainIds.png   (or *_gtFine_labelIds.png)"""
@@ -53,10 +53,8 @@ class CityscapesDataset(BaseDataset):
     def __init__(self, root, split="train", transform=None, skip_corrupt=False):
         super().__init__(root, split, transform, skip_corrupt)
         img_dir, gt_dir = self.root / "leftImg8bit" / split, self.root / "gtFine" / split
-        for d in (img_dir, gt_dir):
-            if not d.is_dir():
-                raise MissingDataError(f"dataset '{self.name}': expected folder {d} is missing.\n"
-                                       f"Expected layout under DATA_ROOT:\n{self.LAYOUT}\nGet it from: {self.SOURCE}")
+        require_split_dirs((img_dir, gt_dir), lambda d: f"dataset '{self.name}': expected folder {d} is missing.\n"
+                           f"Expected layout under DATA_ROOT:\n{self.LAYOUT}\nGet it from: {self.SOURCE}")
         for p in sorted(img_dir.glob("*/*_leftImg8bit.png")):
             stem = p.name[: -len("_leftImg8bit.png")]
             train_ids = gt_dir / p.parent.name / f"{stem}_gtFine_labelTrainIds.png"

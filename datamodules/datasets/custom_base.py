@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..errors import DatasetError, EmptyDatasetError, MissingDataError
+from .base import require_split_dirs
 
 METAINFO_FILES = ("metainfo.yaml", "metainfo.yml")
 SHOW = 5  # file names listed in a refusal
@@ -65,9 +66,8 @@ def pair_files(img_dir: Path, tgt_dir: Path, img_suffix: str, tgt_suffix: str, w
                img_opt: str = "img_suffix", tgt_opt: str = "seg_map_suffix") -> list[tuple[Path, Path]]:
     """(image, target) pairs of one split. Refused, naming the files and the fix: a missing folder, no image with
     ``img_suffix``, an image without its target and a target without its image."""
-    for d in (img_dir, tgt_dir):
-        if not d.is_dir():
-            raise MissingDataError(f"expected folder {d} is missing.\nExpected layout under DATA_ROOT:\n{layout}")
+    require_split_dirs((img_dir, tgt_dir), lambda d: f"expected folder {d} is missing.\nExpected layout under "
+                       f"DATA_ROOT:\n{layout}")
     images, targets = list_files(img_dir, img_suffix), list_files(tgt_dir, tgt_suffix)
     if not images:
         raise EmptyDatasetError(

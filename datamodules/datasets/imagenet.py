@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import MissingDataError
+from ..errors import MissingDataError, SplitAbsentError
 from .base import BaseDataset, image_tensor, load_rgb, require_dir
 from .boxes import parse_xml_boxes, read_loc_csv
 
@@ -43,7 +43,7 @@ class ImageNetDataset(BaseDataset):
         split_dir = self.root / split
         if not split_dir.is_dir():
             have = sorted(p.name for p in self.root.iterdir() if p.is_dir())
-            raise MissingDataError(
+            raise SplitAbsentError(
                 f"dataset '{self.name}': split folder {split_dir} is missing (found folders: {have}).\n"
                 f"Expected layout under DATA_ROOT:\n{self.LAYOUT}\nGet it from: {self.SOURCE}")
         class_root = self.root / "train" if (self.root / "train").is_dir() else split_dir

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import MissingDataError
-from .base import MMSegMeta
+from .base import MMSegMeta, require_split_dirs
 from .depth_base import DepthDataset, read_bts_split
 
 _LAYOUT = """  mmseg layout:  images/{train,test}/<name>.jpg + annotations/{train,test}/<name>.png (16-bit, mm)
@@ -42,11 +41,8 @@ class NYUv2Dataset(DepthDataset):
         else:
             self.layout = "mmseg"
             img_dir, ann_dir = self.root / "images" / split, self.root / "annotations" / split
-            for d in (img_dir, ann_dir):
-                if not d.is_dir():
-                    raise MissingDataError(
-                        f"dataset '{self.name}': expected folder {d} is missing.\n"
-                        f"Expected layout under DATA_ROOT:\n{self.LAYOUT}\nGet it from: {self.SOURCE}")
+            require_split_dirs((img_dir, ann_dir), lambda d: f"dataset '{self.name}': expected folder {d} is "
+                               f"missing.\nExpected layout under DATA_ROOT:\n{self.LAYOUT}\nGet it from: {self.SOURCE}")
             for p in sorted(img_dir.glob("*.jpg")):
                 self.samples.append({"image": p, "depth": ann_dir / f"{p.stem}.png"})
         self._finish()

@@ -169,6 +169,15 @@ class BatchedMultiCrop:
     def __init__(self, config: MultiCropConfig, normalize: bool = True, chunk_waste: float = 1.5):
         self.cfg, self.normalize, self.chunk_waste = config, normalize, chunk_waste
         self.taps = blur_taps(config)
+        self._norm: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # device -> (mean, std), made once
+
+    def _mean_std(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The normalisation's mean and std as (3, 1, 1) tensors on ``dev``, copied there once per device (a copy
+        from pageable memory every batch may wait for the stream)."""
+        if dev not in self._norm:
+            ms = np.asarray([self.cfg.mean, self.cfg.std], dtype=np.float32)
+            self._norm[dev] = tuple(_to(ms, dev).view(2, 3, 1, 1).unbind(0))
+        return self._norm[dev]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.cfg})"
@@ -209,8 +218,7 @@ class BatchedMultiCrop:
         x = resize_crops(pixels, geom_d, size, bounds).div_(255.0)
         x = self._photometric(x, rows, rows_d)
         if self.normalize:
-            mean = torch.tensor(self.cfg.mean, device=dev).view(3, 1, 1)
-            std = torch.tensor(self.cfg.std, device=dev).view(3, 1, 1)
+            mean, std = self._mean_std(dev)
             x = (x - mean) / std
         inv = _to(np.argsort(perm), dev)
         return x.index_select(0, inv)

@@ -7,6 +7,8 @@ dataset at ``data_root`` or ``$TOKENMIX_DENSE_ROOT``, evenly spaced ``max_sample
 
 - ``dense/mIoU`` (+ aAcc, mAcc): ``probes.ridge`` on the probe protocol's views: the same number as
   ``make probe TASK=voc CKPT=<that checkpoint> ARGS="--solver ridge --max-samples N --ridge-lambda L"``;
+- ``dense/retrieval_mIoU``: dense nearest-neighbour retrieval with no head to fit (``Retrieval``: the Hummingbird
+  core of ``probes.retrieval`` on the same forwards), memory of ``retrieval_memory`` training patches;
 - ``diffusion/pib_cls``: Point-in-Box of the [CLS] token (boxes: each class's extent in the validation masks);
 - ``diffusion/cls_patch_cosine``: mean cosine between the patch tokens and [CLS];
 - ``diffusion/effective_rank``: effective rank of the last block's patch features (Roy & Vetterli);
@@ -16,9 +18,10 @@ dataset at ``data_root`` or ``$TOKENMIX_DENSE_ROOT``, evenly spaced ``max_sample
 
 TensorBoard scalars at each point, and the whole series in summary.json (``RunSummary`` reads ``series``). Under
 DDP each rank takes the shard ``shard_indices`` gives it (as ``KNNCheck``) and every statistic is a sum, added up
-by one all-reduce (``DenseSums``), so every rank gets the numbers one process gets. Each validation image goes
-through the teacher once: the first ``attn_images`` with their attention weights recorded (the explicit attention
-lines instead of the fused kernel, equal to float rounding).
+by one all-reduce (``DenseSums``), so every rank gets the numbers one process gets; the retrieval memory is built
+from the training shards and gathered on every rank (``gather_shards``, as ``make probe KIND=retrieval``). Each
+labelled image goes through the teacher once: the first ``attn_images`` validation images with their attention
+weights recorded (the explicit attention lines instead of the fused kernel, equal to float rounding).
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from torch.utils.data import DataLoader, Subset
 
 from datamodules.demo import is_demo
 from lightning_modules.callbacks.periodic import epoch_check_due
+from probes import retrieval as hb
 from tokenmix.attention_stats import attention_stats
 from tokenmix.diffusion import boxes_patch_mask, cls_patch_cosine, effective_rank_from_gram, mask_boxes, pib_hits, \
     patch_scores
@@ -76,6 +80,7 @@ def _forward(model, images: torch.Tensor, device, record: bool = False):
 class DenseSums:
     """What a rank adds up over its shard; ``reduced`` sums it over the ranks in one all-reduce."""
     gram: torch.Tensor          # Σ patchᵀ patch of the last block (D, D), float64: the effective rank
+    confusion: torch.Tensor     # (C, C) retrieval confusion counts (class, retrieved label), float64
     images: float = 0.0         # validation images
     pib_hits: float = 0.0       # images with a box whose [CLS] top-scoring patch falls in one (Point-in-Box)
     box_images: float = 0.0     # images with a box
@@ -107,11 +112,66 @@ class DenseSums:
         self.zero_share += B * torch.stack([p["zero_share"].double().mean() for p in per]).mean().item()
 
     def reduced(self, reduce) -> "DenseSums":
-        """The sums over all ranks: the scalars and the Gram matrix in one tensor, one ``reduce`` call."""
-        names = [f.name for f in fields(self) if f.name != "gram"]
-        flat = torch.cat([torch.tensor([getattr(self, n) for n in names], dtype=torch.float64), self.gram.flatten()])
+        """The sums over all ranks: the scalars, the Gram and the confusion matrix in one tensor, one ``reduce``."""
+        names = [f.name for f in fields(self) if f.name not in ("gram", "confusion")]
+        flat = torch.cat([torch.tensor([getattr(self, n) for n in names], dtype=torch.float64), self.gram.flatten(),
+                          self.confusion.double().flatten()])
         s = reduce(flat)
-        return DenseSums(s[len(names):].reshape(self.gram.shape), **{n: float(s[i]) for i, n in enumerate(names)})
+        g, c = s[len(names):len(names) + self.gram.numel()], s[len(names) + self.gram.numel():]
+        return DenseSums(g.reshape(self.gram.shape), c.reshape(self.confusion.shape),
+                         **{n: float(s[i]) for i, n in enumerate(names)})
+
+
+class Retrieval:
+    """Hummingbird dense retrieval on the check's own forwards, with the probe's core (``probes.retrieval``).
+    Each training image gives its ``per_image(memory_size, n_train, 1, patches)`` patches (``sample_patches``,
+    rarest classes first, drawn from ``image_generator(seed, 0, index)``: the same memory however the images are
+    sharded); ``gather`` joins the shards on every rank; each validation patch takes the labels of its k nearest
+    memory patches (cosine, softmax(cos / temperature)), scored by Hungarian matching as the probe.
+    Deviations from ``make probe KIND=retrieval`` (the check has one forward per image and no second pass): the
+    memory comes from the probe's plain training views (no RandomResizedCrop / colour jitter), and validation
+    masks stay at label size (the ridge probe's; equal to the probe size on the demo scenes)."""
+
+    def __init__(self, memory_size: int, n_train: int, num_patches: int, num_classes: int, patch: int,
+                 k: int, temperature: float, seed: int = 0):
+        self.n_keep, self.n_train = hb.per_image(memory_size, n_train, 1, num_patches), n_train
+        self.C, self.patch, self.k, self.temperature, self.seed = num_classes, patch, k, temperature, seed
+        self.rows: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.memory: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+
+    def add_train(self, grid: torch.Tensor, masks: torch.Tensor, indices) -> None:
+        """(B, D, h, w) features and (B, H, W) masks of training images ``indices`` (their dataset indices)."""
+        gens = [hb.image_generator(self.seed, 0, int(i)) for i in indices]
+        self.rows.append(hb.memory_rows(grid.float(), masks, gens, self.n_keep, self.patch, self.C))
+
+    def gather(self, dim: int, device, rank: int, world: int, all_gather) -> None:
+        """Every rank calls this once (a collective when ``world`` > 1): the whole memory, on every rank."""
+        from probes.features import gather_shards
+        f = torch.cat([r[0] for r in self.rows]) if self.rows else torch.zeros(0, self.n_keep, dim, device=device)
+        y = torch.cat([r[1] for r in self.rows]) if self.rows else torch.zeros(0, self.n_keep, self.C, device=device)
+        f, y = (gather_shards(t.to(device), self.n_train, rank, world, all_gather) for t in (f, y))
+        self.memory, self.rows = hb.memory_bank(f[:, None], y[:, None], self.n_keep), []
+
+    def confusion(self, grid: torch.Tensor, masks) -> torch.Tensor:
+        """(C, C) counts of the retrieval labelling of (B, D, h, w) validation features against their masks."""
+        return hb.confusion_of(grid.float(), masks, *self.memory, self.C, self.k, self.temperature)
+
+    @staticmethod
+    def miou(confusion: torch.Tensor) -> float:
+        from probes.matching import hungarian, matched_miou
+        cm = confusion.round().long()
+        return 100.0 * matched_miou(cm, hungarian(cm))["mIoU"]
+
+
+def _results(out: dict, s: DenseSums, retrieval: bool, t0: float, c0: float) -> dict[str, float]:
+    """One point of the series from the ridge probe's metrics and the reduced sums."""
+    n_img, n_box, n_attn = (max(x, 1.0) for x in (s.images, s.box_images, s.attn_images))
+    return {"dense/mIoU": out["mIoU"], "dense/aAcc": out["aAcc"], "dense/mAcc": out["mAcc"],
+            **({"dense/retrieval_mIoU": Retrieval.miou(s.confusion)} if retrieval else {}),
+            "diffusion/pib_cls": 100.0 * s.pib_hits / n_box, "diffusion/cls_patch_cosine": s.cosine / n_img,
+            "diffusion/effective_rank": effective_rank_from_gram(s.gram),
+            "diffusion/attn_entropy": s.entropy / n_attn, "diffusion/attn_zero_share": s.zero_share / n_attn,
+            "dense/seconds": time.perf_counter() - t0, "dense/cpu_seconds": time.process_time() - c0}
 
 
 class DenseProbeCheck(pl.Callback):
@@ -121,8 +181,14 @@ class DenseProbeCheck(pl.Callback):
 
     def __init__(self, task: str = "voc", data: str = "demo", data_root: str = "", max_samples: int = 64,
                  ridge_lambda: float = 1e-2, batch_size: int = 16, img_size: Optional[int] = None,
-                 attn_images: int = 16, every_n_epochs: int = 0, every_n_steps: int = 0):
+                 attn_images: int = 16, every_n_epochs: int = 0, every_n_steps: int = 0,
+                 retrieval_memory: int = hb.PAPER_MEMORY[0], retrieval_k: int = hb.K_NEIGHBOURS,
+                 retrieval_temperature: float = hb.TEMPERATURE):
         self.task, self.data, self.data_root = task, data, data_root
+        # retrieval (0: off): memory in patches (default the reference's smallest, capped at every patch), k and
+        # temperature the reference's (probes.retrieval)
+        self.retrieval_memory, self.retrieval_k = retrieval_memory, retrieval_k
+        self.retrieval_t = retrieval_temperature
         self.max_samples, self.ridge_lambda, self.batch_size = max_samples, ridge_lambda, batch_size
         self.img_size, self.attn_images = img_size, attn_images
         self.every_n_epochs, self.every_n_steps = every_n_epochs, every_n_steps
@@ -170,47 +236,58 @@ class DenseProbeCheck(pl.Callback):
         idx = shard_indices(len(ds), rank, world)
         return DataLoader(Subset(ds, idx), batch_size=self.batch_size, shuffle=False, collate_fn=dense_collate), idx
 
+    def _retrieval(self, dm, model) -> Optional[Retrieval]:
+        if not self.retrieval_memory:
+            return None
+        h, w = (s // model.patch_size for s in dm.img_size)
+        return Retrieval(self.retrieval_memory, len(dm.train_set), h * w, dm.num_classes, model.patch_size,
+                         self.retrieval_k, self.retrieval_t)
+
     @torch.no_grad()
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
-        """Every rank calls this (the probe's two all-reduces, then ``DenseSums``' one); returns the same numbers on
-        every rank."""
+        """Every rank calls this (the probe's two all-reduces, the retrieval memory's gather, then ``DenseSums``'
+        one); returns the same numbers on every rank."""
         from probes.ridge import run_ridge_probe
         t0, c0 = time.perf_counter(), time.process_time()
         model = pl_module.teacher.backbone
         dm = self.datamodule(model.patch_size)
-        rank, world, device = trainer.global_rank, trainer.world_size, pl_module.device
+        rank, world, device, bs = trainer.global_rank, trainer.world_size, pl_module.device, self.batch_size
 
         def reduce(t: torch.Tensor) -> torch.Tensor:  # sum over processes (float64 on CPU; NCCL needs the device)
             if world == 1:
                 return t
             return trainer.strategy.reduce(t.to(device), reduce_op="sum").to("cpu", torch.float64)
 
-        sums = DenseSums(torch.zeros(model.embed_dim, model.embed_dim, dtype=torch.float64))
+        C, D = dm.num_classes, model.embed_dim
+        sums = DenseSums(torch.zeros(D, D, dtype=torch.float64), torch.zeros(C, C, dtype=torch.float64))
+        retrieval = self._retrieval(dm, model)
 
-        def train():
-            for batch in self._loader(dm.train_set, rank, world)[0]:
-                yield _forward(model, batch["image"], device)[2], batch["mask"]
+        def train():  # one forward feeds the ridge probe and the retrieval memory
+            loader, idx = self._loader(dm.train_set, rank, world)
+            for b, batch in enumerate(loader):
+                grid = _forward(model, batch["image"], device)[2]
+                if retrieval is not None:
+                    retrieval.add_train(grid, batch["mask"], idx[b * bs:][:len(grid)])
+                yield grid, batch["mask"]
 
-        def val():  # one forward feeds the probe, the diffusion measures and (first images) the attention's
+        def val():  # one forward feeds both probes, the diffusion measures and (first images) the attention's
+            if retrieval is not None:  # every rank, before its first batch (a shard may be empty)
+                retrieval.gather(D, device, rank, world, lambda t: trainer.strategy.all_gather(t))
             loader, idx = self._loader(dm.val_set, rank, world)
             for b, batch in enumerate(loader):
-                first = torch.tensor(idx[b * self.batch_size:][:len(batch["image"])]) < self.attn_images
+                first = torch.tensor(idx[b * bs:][:len(batch["image"])]) < self.attn_images
                 cls, patch, grid, attns = _forward(model, batch["image"], device, record=bool(first.any()))
                 masks = batch["mask"] if isinstance(batch["mask"], list) else list(batch["mask"])
                 sums.add_diffusion(cls.float().cpu(), patch.float().cpu(), masks, grid.shape[-2:])
                 if attns is not None:
                     sums.add_attention([a[first.to(a.device)].float().cpu() for a in attns])
+                if retrieval is not None:
+                    sums.confusion += retrieval.confusion(grid, masks).double()
                 yield grid, masks
 
         with _eval_mode(model):
-            out = run_ridge_probe(train(), val(), dm.num_classes, self.ridge_lambda, model.embed_dim, reduce)
-        s = sums.reduced(reduce)
-        n_img, n_box, n_attn = (max(x, 1.0) for x in (s.images, s.box_images, s.attn_images))
-        return {"dense/mIoU": out["mIoU"], "dense/aAcc": out["aAcc"], "dense/mAcc": out["mAcc"],
-                "diffusion/pib_cls": 100.0 * s.pib_hits / n_box, "diffusion/cls_patch_cosine": s.cosine / n_img,
-                "diffusion/effective_rank": effective_rank_from_gram(s.gram),
-                "diffusion/attn_entropy": s.entropy / n_attn, "diffusion/attn_zero_share": s.zero_share / n_attn,
-                "dense/seconds": time.perf_counter() - t0, "dense/cpu_seconds": time.process_time() - c0}
+            out = run_ridge_probe(train(), val(), C, self.ridge_lambda, D, reduce)
+        return _results(out, sums.reduced(reduce), retrieval is not None, t0, c0)
 
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, when: str) -> None:
         if self.disabled:
@@ -223,7 +300,8 @@ class DenseProbeCheck(pl.Callback):
         self.series.append({"step": step, "epoch": epochs, "when": when, **res})
         for lg in trainer.loggers:
             lg.log_metrics({k: v for k, v in res.items() if not k.endswith("seconds")}, step=step)
-        rank_zero_info(f"dense check ({when}, step {step}): mIoU {res['dense/mIoU']:.2f}, PiB "
+        retrieval = f", retrieval mIoU {res['dense/retrieval_mIoU']:.2f}" if "dense/retrieval_mIoU" in res else ""
+        rank_zero_info(f"dense check ({when}, step {step}): mIoU {res['dense/mIoU']:.2f}{retrieval}, PiB "
                        f"{res['diffusion/pib_cls']:.1f}, cos(patch, CLS) {res['diffusion/cls_patch_cosine']:.3f}, "
                        f"eff. rank {res['diffusion/effective_rank']:.1f} ({res['dense/seconds']:.1f} s)")
 

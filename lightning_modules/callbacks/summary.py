@@ -15,6 +15,7 @@ from typing import Any, Optional
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from backbones import canary
 from backbones.checkpoint import SUPERVISED
 from tokenmix.results import write_summary
 
@@ -41,10 +42,12 @@ class LossSummary(pl.Callback):
         self.last: deque = deque(maxlen=window)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"first": [float(x) for x in self.first]}
+        # both windows: a run resumed near its end reports the same loss_end as the uninterrupted run
+        return {"first": [float(x) for x in self.first], "last": [float(x) for x in self.last]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.first = list(state_dict.get("first", []))
+        self.last = deque(state_dict.get("last", []), maxlen=self.window)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         loss = trainer.callback_metrics.get("train/loss")  # what the module logged this step
@@ -94,6 +97,13 @@ class RunSummary(LossSummary):
         self.uniform_frac, self.one_hot_frac = uniform_frac, one_hot_frac
         self.last_stats: dict[str, Any] = {}
 
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "last_stats": {k: float(v) for k, v in self.last_stats.items()}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.last_stats = dict(state_dict.get("last_stats", {}))
+
     def observe(self, metrics: dict[str, Any], loss: Any) -> None:
         self.last_stats.update((k, v) for k, v in metrics.items() if k.startswith("collapse/"))
         self.last_stats["train/loss"] = loss
@@ -119,6 +129,7 @@ class RunSummary(LossSummary):
                 **{k: _as_float(v) for k, v in self.last_stats.items()},
                 **({f"knn_{k}": v for k, v in knn.items()} if knn["top1"] is not None else {}),
                 **getattr(trainer.datamodule, "data_report", dict)(),  # DATA=folder: index, unreadable files
+                **({"triton_canary": canary.outcomes()} if canary.outcomes() else {}),  # backbones/canary.py
                 **{k: v for cb in trainer.callbacks if callable(getattr(cb, "summary_entries", None))
                    for k, v in cb.summary_entries().items()}}  # DenseProbeCheck: its series
 

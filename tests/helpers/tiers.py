@@ -4,8 +4,8 @@
 - slow (``@pytest.mark.slow``): the rest; ``make test`` runs both tiers.
 
 A test that starts a Python process (or ``ptxas``), calls ``Trainer.fit`` or ``torch.compile`` without the ``slow``
-mark fails with a message saying so, in both targets, also from a fixture it uses: a new end-to-end test cannot
-slip into the inner loop. Tests using a fixture named in ``SLOW_FIXTURES`` are marked slow at collection.
+mark errors at its teardown, saying so, in both targets, also when a fixture it uses did it: a new end-to-end test
+cannot slip into the inner loop. (Lightning is wrapped from the first test that starts after its import.) Tests using a fixture named in ``SLOW_FIXTURES`` are marked slow at collection.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import sys
 
 import pytest
 
-# fixtures that train, compile or spawn (test_pretrain_cli, test_supervised, test_supervised_cli, test_gpu_check,
-# test_kernel_report): a test using one is slow without saying so
+# fixtures that train, compile or spawn (conftest.py's shared entmax_run, test_supervised, test_supervised_cli,
+# test_gpu_check, test_kernel_report): a test using one is slow without saying so
 SLOW_FIXTURES = frozenset({"entmax_run", "trained", "lastvit_run", "rehearsal", "reports"})
 
 _running: list = []  # the item whose setup, call or teardown runs now (a stack: pytester nests sessions)

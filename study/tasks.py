@@ -1,0 +1,50 @@
+"""The study's tasks besides the CLIs' own (``probes.tasks.TASKS``, ``analysis.registry.TASKS``): a head-free probe
+kind on a segmentation task, named ``<task>_<kind>`` as the probe CLI names its run folder and results.json
+(``probes.run.run_name``): ``voc_retrieval`` runs ``probes.run --task voc --kind retrieval`` (Hummingbird dense
+retrieval), ``voc_overcluster`` ``--kind overcluster``; and their report columns.
+
+    >>> probe_flags("voc_retrieval"), probe_flags("voc")
+    (['--task', 'voc', '--kind', 'retrieval'], ['--task', 'voc'])
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+
+def headless_tasks() -> dict[str, tuple[str, str]]:
+    """study task -> (probe task, kind), for every segmentation task and head-free kind it takes."""
+    from probes.tasks import ALT_KINDS, TASKS
+    return {f"{name}_{k.value}": (name, k.value) for name, t in TASKS.items() for k in ALT_KINDS.get(t.kind, ())}
+
+
+def probe_flags(task: str) -> list[str]:
+    """The probe CLI's --task (and --kind) of a study task."""
+    base = headless_tasks().get(task)
+    return ["--task", base[0], "--kind", base[1]] if base else ["--task", task]
+
+
+def _largest_memory(m: dict, r: dict) -> Optional[float]:
+    """Retrieval: mIoU at the largest memory the run reached (sizes capped at every patch give equal banks)."""
+    sizes = m.get("mIoU") if isinstance(m, dict) else None
+    if not isinstance(sizes, dict) or not sizes:
+        return None
+    best = max(sizes.items(), key=lambda kv: (kv[1].get("memory", 0), int(kv[0])))[1]
+    return float(best["mIoU"])
+
+
+def _k_classes(m: dict, r: dict) -> Optional[float]:
+    """Overclustering: mIoU at the smallest K (K = classes by default: Hungarian matching)."""
+    ks = m.get("mIoU") if isinstance(m, dict) else None
+    if not isinstance(ks, dict) or not ks:
+        return None
+    return float(ks[min(ks, key=int)]["mIoU"])
+
+
+def headless_columns() -> list:
+    """Report columns of the head-free tasks (``analysis.report.Column``: same fields, same formatting)."""
+    from analysis.report import COLUMNS, Column
+    how = {"retrieval": ("retrieval mIoU (Hummingbird, largest memory)", _largest_memory),
+           "overcluster": ("overclustering mIoU (K = classes)", _k_classes)}
+    seg = {c.task: c.title for c in COLUMNS if c.key.endswith("_miou")}  # "VOC mIoU", "own seg mIoU", ...
+    return [Column(f"{name}_miou", seg[base].replace("mIoU", how[kind][0]), "probe", name, how[kind][1])
+            for name, (base, kind) in headless_tasks().items()]
