@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import entmax
 import pytest
@@ -35,13 +34,7 @@ _REF = {"entmax15": entmax.entmax15, "sparsemax": entmax.sparsemax}
 @pytest.mark.timeout(600)
 @pytest.mark.slow
 def test_fused_in_subprocess():
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    proc = procs.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                      "not subprocess"], cwd=root, env=env, capture_output=True, text=True, timeout=580)
-    assert proc.returncode == 0 and " passed" in proc.stdout and "skipped" not in proc.stdout, \
-        proc.stdout[-4000:] + proc.stderr[-2000:]
+    procs.pytest_under_interpreter(__file__, "not subprocess", timeout=580)
 
 
 def _forced(monkeypatch, fused: bool) -> None:

@@ -35,15 +35,8 @@ kernel = pytest.mark.runs_elsewhere(_PRELOADED, reason="Triton already imported 
 @pytest.mark.timeout(900)
 @pytest.mark.slow
 def test_kernels_in_subprocess():
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
-        [str(root), os.environ.get("PYTHONPATH", "")])}
-    proc = procs.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                      "-k", "not subprocess and not fallback and not compile and not gpu_check and not fake"],
-                     cwd=root, env=env,
-                     capture_output=True, text=True, timeout=880)
-    assert proc.returncode == 0 and " passed" in proc.stdout and "skipped" not in proc.stdout, \
-        proc.stdout[-6000:] + proc.stderr[-3000:]
+    procs.pytest_under_interpreter(
+        __file__, "not subprocess and not fallback and not compile and not gpu_check and not fake", timeout=880)
 
 
 def _qkv(b, h, n, d, dtype, seed=0, spread=1.5):

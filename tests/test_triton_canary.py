@@ -13,7 +13,6 @@ import os
 import sys
 import timeit
 import warnings
-from pathlib import Path
 
 import entmax
 import pytest
@@ -37,13 +36,7 @@ kernel = pytest.mark.runs_elsewhere(_PRELOADED, reason="Triton already imported 
 @pytest.mark.timeout(600)
 @pytest.mark.slow
 def test_canary_in_subprocess():
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
-        [str(root), os.environ.get("PYTHONPATH", "")])}
-    proc = procs.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                      "not subprocess"], cwd=root, env=env, capture_output=True, text=True, timeout=580)
-    assert proc.returncode == 0 and " passed" in proc.stdout and "skipped" not in proc.stdout, \
-        proc.stdout[-6000:] + proc.stderr[-3000:]
+    procs.pytest_under_interpreter(__file__, "not subprocess", timeout=580)
 
 
 @pytest.fixture(autouse=True)

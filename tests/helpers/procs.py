@@ -17,6 +17,8 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
+from pathlib import Path
 from typing import Iterator
 
 
@@ -52,3 +54,15 @@ def run(cmd, *, timeout: float, capture_output: bool = True, text: bool = True, 
             out, err = p.communicate()
             raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from e
         return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def pytest_under_interpreter(test_file: str, select: str, *, timeout: float) -> None:
+    """Run ``test_file``'s tests matching ``-k select`` in a fresh process with ``TRITON_INTERPRET=1`` (Triton reads
+    it once, at import: a process that imported Triton in compiled mode cannot switch). Fails on any failure or skip."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file, "-k", select],
+               cwd=root, env=env, timeout=timeout)
+    assert proc.returncode == 0 and " passed" in proc.stdout and "skipped" not in proc.stdout, \
+        proc.stdout[-6000:] + proc.stderr[-3000:]
