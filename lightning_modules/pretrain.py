@@ -219,11 +219,7 @@ def early_checks(data: str, data_root: str, preset_file: Path, rest: list[str]) 
     """The launch checks that need no model (before a ViT is built): the node count and that DATA_ROOT exists.
     The dataset itself is read once, by ``check_launch`` (``DataModule.setup``, which fit reuses), still in
     the launching process."""
-    nodes = [a.split("=", 1)[1] for a in rest if a.startswith("--trainer.num_nodes=")]
-    if not nodes:
-        import yaml
-        nodes = [((yaml.safe_load(preset_file.read_text()) or {}).get("trainer") or {}).get("num_nodes", 1)]
-    refuse_unlaunched_multinode(int(nodes[-1]))
+    refuse_unlaunched_multinode(int(trainer_setting(rest, preset_file, "num_nodes", 1)))
     if not is_demo(data) and not Path(data_root).is_dir():  # the demo data is generated on first use instead
         from datamodules.pretraining import load_split
         load_split(data, data_root, "train")  # the dataset's own error (names the layout and the source)
@@ -282,9 +278,11 @@ def _fail(e: Exception | str) -> int:
     return 2
 
 
-def launch_plan(argv: Optional[list[str]]) -> tuple[argparse.Namespace, Objective, list[str], Optional[str]]:
-    """The checks before any model or process exists -> (known flags, objective, LightningCLI args, resume path).
-    Raises ValueError / CheckpointError / LaunchError / DatasetError saying what is wrong."""
+def launch_plan(argv: Optional[list[str]]) -> tuple[argparse.Namespace, Objective, list[str], Optional[str],
+                                                  Optional[tuple[int, int]]]:
+    """The checks before any model or process exists -> (known flags, objective, LightningCLI args, resume path,
+    (global step, epochs trained) of the resume checkpoint). Raises ValueError / CheckpointError / LaunchError /
+    DatasetError saying what is wrong."""
     known, rest, variant = parse_common(argv, __doc__)
     if known.objective not in OBJECTIVES:
         raise ValueError(f"--objective {known.objective!r}: valid are {', '.join(OBJECTIVES)}")
@@ -294,20 +292,22 @@ def launch_plan(argv: Optional[list[str]]) -> tuple[argparse.Namespace, Objectiv
         raise ValueError(f"unknown preset '{preset}' for --objective {objective.name}; valid: "
                          f"{', '.join(objective.presets)} (configs/pretrain/) or a YAML path")
     runs = Path(known.runs_dir) if known.runs_dir else paths.RUNS
-    resume_path = resolve_resume(known.resume, variant, runs, objective.name)
+    resume_path, resume_at = resolve_resume(known.resume, variant, runs, objective.name), None
     if resume_path:  # another objective's checkpoint must not get as far as the Trainer
-        objective.validate(safe_torch_load(Path(resume_path)), resume_path)
+        ckpt = objective.validate(safe_torch_load(Path(resume_path)), resume_path)
+        epoch_end_form(ckpt)  # the counters as Lightning resumes them (loop_state.py)
+        resume_at = int(ckpt.get("global_step", 0)), epochs_trained(ckpt)
     rest = nodes_from_cluster(rest) + rest
     early_checks(known.data, known.data_root, preset_file(preset), rest)
     hardware_checks(objective.name, known.data, preset_file(preset), rest)
     args = build_args(variant, known.data, known.data_root, preset, runs, resume_path, rest)
     # mixed precision only where the device supports it (paper: 16-mixed, demo: bf16-mixed): fp32 on the CPU
-    return known, objective, args + cpu_precision_args(rest), resume_path
+    return known, objective, args + cpu_precision_args(rest), resume_path, resume_at
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     try:
-        known, objective, args, resume_path = launch_plan(argv)
+        known, objective, args, resume_path, resume_at = launch_plan(argv)
     except (ValueError, CheckpointError) as e:  # LaunchError and DatasetError are ValueErrors
         return _fail(e)
     PretrainCLI.dist_timeout_min, PretrainCLI.objective = known.dist_timeout, objective
@@ -317,7 +317,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return int(e.code or 0)
     except ValueError as e:  # e.g. a dataset layout error raised while building objects
         return _fail(e)
-    if resume_path and (line := finished_line(cli.trainer, resume_path)):
+    if resume_at and (line := finished_line(cli.trainer, resume_path, *resume_at)):
         if global_rank() == 0:  # a requeued job, a study cell run again: train nothing, write nothing
             print(line, flush=True)
         return 0
@@ -329,13 +329,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     return fit(cli, resume_path, quiet=objective.quiet)
 
 
-def finished_line(trainer, resume_path: str) -> Optional[str]:
-    """The one line saying the RESUME checkpoint's run already reached this trainer's end (``max_epochs`` or
-    ``max_steps``), or None. Such a fit would train nothing but still rewrite the run's summary and logs."""
-    ckpt = safe_torch_load(Path(resume_path))
-    epoch_end_form(ckpt)  # the counters as Lightning resumes them (loop_state.py)
-    step = int(ckpt.get("global_step", 0))
-    epochs = epochs_trained(ckpt)
+def finished_line(trainer, resume_path: str, step: int, epochs: int) -> Optional[str]:
+    """The one line saying the RESUME checkpoint's run (at ``step``, ``epochs`` trained) already reached this
+    trainer's end (``max_epochs`` or ``max_steps``), or None. Such a fit would train nothing but still rewrite the
+    run's summary and logs."""
     loop = trainer.fit_loop
     if not (0 <= loop.max_steps <= step or loop.max_epochs not in (None, -1) and epochs >= loop.max_epochs):
         return None

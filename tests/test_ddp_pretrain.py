@@ -39,6 +39,16 @@ def _cmd(runs: Path, extra: list[str], backend: str, pause: int = -1) -> dict:
     return {"cmd": cmd, "cwd": REPO, "env": env, "stderr": subprocess.STDOUT, "text": True}
 
 
+def _rank_seeded_tiny(tmp_path: Path, trainer: dict | None = None, data: dict | None = None) -> Path:
+    """An extra config: the tiny preset's callbacks plus RankSeed (ranks draw differently), and overrides."""
+    tiny = yaml.safe_load((REPO / "configs/pretrain/tiny.yaml").read_text())
+    cbs = tiny["trainer"]["callbacks"] + [{"class_path": "ddp_helpers.RankSeed"}]
+    extra = tmp_path / "extra.yaml"
+    config = {"trainer": {"callbacks": cbs, **(trainer or {})}, **({"data": data} if data else {})}
+    extra.write_text(yaml.safe_dump(config))
+    return extra
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.slow
 def test_two_processes_end_to_end_with_knn_summary_and_head_batchnorm(tmp_path):
@@ -96,10 +106,7 @@ def test_sync_batchnorm_under_gpu_ddp_converts_student_and_teacher():
 @pytest.mark.slow
 def test_two_processes_sigkill_then_resume_is_bitwise_identical(tmp_path):
     # tiny preset: 3 batches per epoch, 2 epochs, a checkpoint every 2 steps, drop-path on (per-rank RNG streams)
-    tiny = yaml.safe_load((REPO / "configs/pretrain/tiny.yaml").read_text())
-    cbs = tiny["trainer"]["callbacks"] + [{"class_path": "ddp_helpers.RankSeed"}]  # ranks draw differently
-    extra = tmp_path / "extra.yaml"
-    extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs}}))
+    extra = _rank_seeded_tiny(tmp_path)
     t0 = time.perf_counter()
     paused = tmp_path / "b" / "paused"
     paused.mkdir(parents=True)
@@ -158,10 +165,7 @@ def test_teacher_head_batchnorm_uses_batch_statistics_as_official():
 def test_two_processes_resume_at_epoch_ends_again_and_after_the_end(tmp_path):
     # 3 epochs x 2 batches, a checkpoint every 2 steps: every checkpoint is an epoch's last batch (issue 40).
     # Resume from the first, again from one the resumed run wrote, then RESUME=1 on the finished run
-    tiny = yaml.safe_load((REPO / "configs/pretrain/tiny.yaml").read_text())
-    cbs = tiny["trainer"]["callbacks"] + [{"class_path": "ddp_helpers.RankSeed"}]  # ranks draw differently
-    extra = tmp_path / "extra.yaml"
-    extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs, "max_epochs": 3}, "data": {"batches_per_epoch": 2}}))
+    extra = _rank_seeded_tiny(tmp_path, trainer={"max_epochs": 3}, data={"batches_per_epoch": 2})
     t0 = time.perf_counter()
 
     def run(runs: Path, *more: str) -> str:
