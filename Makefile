@@ -39,12 +39,15 @@ install: .venv/.installed
 
 # make test: every test (CI); make test-fast: the unit tier only (no training, subprocess or compilation; tests
 # that do those are marked slow, tests/helpers/tiers.py). Both print the ten slowest. TEST_ARGS: extra pytest flags.
+# TEST_WORKERS: pytest-xdist workers, whole files each, the long files first (tests/helpers/tiers.py); 0 = one process.
 TEST_ARGS ?=
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=10 -n $(TEST_WORKERS) --dist loadfile --no-loadscopereorder
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider --durations=10 $(TEST_ARGS) tests
+	$(PYTEST) $(TEST_ARGS) tests
 
 test-fast: install
-	$(PY) -m pytest -q -p no:cacheprovider --durations=10 -m 'not slow' $(TEST_ARGS) tests
+	$(PYTEST) -m 'not slow' $(TEST_ARGS) tests
 
 demo-data: install
 	$(PY) -m datamodules.demo

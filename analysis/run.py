@@ -83,11 +83,12 @@ def options(args, model) -> Options:
 
 
 def main(argv=None) -> dict:
-    from probes.backbone import resolve_backbone
+    from probes.backbone import checkpoint_path, resolve_backbone
     args = parse_args(argv)
     a = get_analysis(args.task.strip())
     world = world_size(args)
-    dataset = open_data(args, a)  # a wrong DATA_ROOT fails before a large checkpoint is read
+    checkpoint_path(args.ckpt, args.variant)  # a wrong CKPT fails before the data is opened (or generated),
+    dataset = open_data(args, a)  # and a wrong DATA_ROOT before a large checkpoint is read
     info = resolve_backbone(args.ckpt, args.variant, args.arch, 16, seed=args.seed, which=args.which)
     if a.check is not None:
         a.check(info.model)

@@ -39,6 +39,24 @@ class BackboneInfo:
     backbone_config: Optional[BackboneConfig] = None  # what rebuilds the model (None for pixels)
 
 
+def checkpoint_path(ckpt: str, variant: str) -> Optional[Path]:
+    """The file --ckpt names (None for 'random' / 'pixels'), checked to exist without reading it: the CLIs call
+    this before opening data, so a wrong CKPT fails before a demo folder is generated or a dataset scanned."""
+    ckpt, variant = (ckpt or "").strip(), (variant or "softmax").strip()
+    if ckpt in ("random", "pixels"):
+        return None
+    if not ckpt:
+        from tokenmix.paths import latest_checkpoint
+        return latest_checkpoint(variant)  # FileNotFoundError naming the folder and the fix
+    path = Path(ckpt).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} not found. Pass CKPT=<file> (a tokenmix .ckpt, an official "
+                                f"DINO or DINOv2 .pth, a timm model's .pth/.safetensors with --arch <its timm "
+                                f"name>), CKPT=random / CKPT=pixels for the baselines, or leave CKPT empty "
+                                f"for the latest `make pretrain VARIANT={variant}` run.")
+    return path
+
+
 def resolve_backbone(ckpt: str, variant: str, arch: str, patch_size: int, seed: int = 0,
                      which: str = "teacher") -> BackboneInfo:
     """--ckpt '' -> the latest pretraining checkpoint of --variant; a path; 'random' (``arch``, ``seed``);
@@ -56,16 +74,7 @@ def resolve_backbone(ckpt: str, variant: str, arch: str, patch_size: int, seed: 
             m = create_vit(**BackboneConfig.from_dict(timm_config(arch), f"timm model {arch}").to_dict(), seed=seed)
         return BackboneInfo(m, "random", f"{m.variant}_random", config={**m.config, "seed": seed},
                             backbone_config=m.backbone_config)
-    if not ckpt:
-        from tokenmix.paths import latest_checkpoint
-        path = latest_checkpoint(variant)  # FileNotFoundError naming the folder and the fix
-    else:
-        path = Path(ckpt).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"checkpoint {path} not found. Pass CKPT=<file> (a tokenmix .ckpt, an official "
-                                    f"DINO or DINOv2 .pth, a timm model's .pth/.safetensors with --arch <its timm "
-                                    f"name>), CKPT=random / CKPT=pixels for the baselines, or leave CKPT empty "
-                                    f"for the latest `make pretrain VARIANT={variant}` run.")
+    path = checkpoint_path(ckpt, variant)
     ck = read_checkpoint(path, which=which, arch=arch)  # one read: the sha256 is of the bytes the weights come from
     m = ck.build()
     # other projects' weights get a run folder of their own, not that of the tokenmix variant they resemble

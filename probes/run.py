@@ -26,7 +26,7 @@ from tokenmix.launch import LaunchError, count_devices, global_rank, install_sto
 from tokenmix.precision import device_line
 from tokenmix.results import backbone_entry, write_results
 
-from .backbone import resolve_backbone
+from .backbone import checkpoint_path, resolve_backbone
 from .data import probe_datamodule, resolve_data
 from .kinds import KINDS, ProbeContext, summary
 from .kinds import _device as kind_device
@@ -150,9 +150,10 @@ def build_context(args) -> ProbeContext:
     task = get_task(args.task.strip())
     kind = resolve_kind(task, args.kind)
     demo = is_demo(args.data)
+    checkpoint_path(args.ckpt, args.variant)  # a wrong CKPT fails before the data is opened (or generated),
+    name, root = resolve_data(task, args.data, args.data_root)  # and a wrong DATA_ROOT before weights are read
     info = resolve_backbone(args.ckpt, args.variant, args.arch, args.patch_size or (8 if demo else 16),
                             seed=args.seed, which=args.which)
-    name, root = resolve_data(task, args.data, args.data_root)
     if args.img_size:
         size = tuple(int(v) for v in str(args.img_size).split(","))
         size = size * 2 if len(size) == 1 else size

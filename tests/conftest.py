@@ -43,7 +43,8 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """``runs_elsewhere`` tests whose condition holds leave this session as deselected: their subprocess twin
-    runs them and fails if any of them fails or skips, so nothing is hidden behind a skip."""
+    runs them and fails if any of them fails or skips, so nothing is hidden behind a skip. Then the long files go
+    first (``tiers.heavy_files_first``: how ``make test`` balances its two workers)."""
     here, elsewhere = [], []
     for item in items:
         m = item.get_closest_marker("runs_elsewhere")
@@ -51,6 +52,7 @@ def pytest_collection_modifyitems(config, items):
     if elsewhere:
         config.hook.pytest_deselected(items=elsewhere)
         items[:] = here
+    tiers.heavy_files_first(items, float(config.getini("timeout") or 0))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -214,13 +214,15 @@ def test_clear_errors(setup, tmp_path):
         analysis_run.main(["--task", "nope"])
     with pytest.raises(FileNotFoundError, match="DATA_ROOT"):
         analysis_run.main(["--task", "pca", "--ckpt", str(ckpts["softmax"]), "--data", "voc", "--data-root", ""])
-    with pytest.raises(FileNotFoundError, match="checkpoint .* not found"):
-        analysis_run.main(["--task", "pca", "--ckpt", str(tmp_path / "missing.ckpt")])
     mp = pytest.MonkeyPatch()
     mp.setattr(paths, "RUNS", tmp_path / "empty_runs")
-    try:
+    mp.setattr(paths, "DEMO_ROOT", tmp_path / "demo")
+    try:  # a wrong CKPT fails within seconds: before the demo data is generated
+        with pytest.raises(FileNotFoundError, match="checkpoint .* not found"):
+            analysis_run.main(["--task", "pca", "--ckpt", str(tmp_path / "missing.ckpt")])
         with pytest.raises(FileNotFoundError, match="make pretrain VARIANT=entmax"):
             analysis_run.main(["--task", "pca", "--variant", "entmax", "--ckpt", ""])
+        assert not (tmp_path / "demo").exists()
     finally:
         mp.undo()
 

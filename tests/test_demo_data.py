@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -183,6 +184,58 @@ def test_marker_regeneration_and_atomic_swap(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == ["demo"]
 
 
+def test_chunks_cover_every_image_once_and_default_workers(monkeypatch):
+    monkeypatch.setattr(layouts, "_CHUNK_PIXELS", 3 * 64 * 64)  # 3 classification images, 1 VOC/NYU image a chunk
+    spec = DemoSpec(cls_train=7, cls_val=2, voc_train=3, voc_val=0, nyu_train=2, nyu_test=1)
+    got = {}
+    for kind, split, layout, c, start, stop in layouts.chunks(spec):
+        assert 0 < stop - start <= (3 if kind == "imagefolder" else 1)
+        got.setdefault((kind, split, layout, c), []).extend(range(start, stop))
+    want = {**{("imagefolder", "train", 1, c): list(range(7)) for c in range(8)},
+            **{("imagefolder", "val", 2, c): [0, 1] for c in range(8)},
+            ("voc", "train", 3, 0): [0, 1, 2], ("nyu", "train", 5, 0): [0, 1], ("nyu", "test", 6, 0): [0]}
+    assert got == want
+    # default DEMO: 16800 64x64 + 400 128x128 + 250 120x160 images = 80,166,400 pixels = 9.6 workers' worth
+    assert layouts.pixels(DemoSpec()) == 16800 * 4096 + 400 * 16384 + 250 * 19200 == 80_166_400
+    for cpus, want_workers in ((64, 9), (2, 2), (1, 1)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)))
+        assert cache.default_workers(DemoSpec()) == want_workers
+        assert cache.default_workers(SMALL) == 1  # small specs (every other test's) start no process
+    with pytest.raises(ValueError, match="workers"):
+        demo.generate(Path("/nonexistent/never-created"), SMALL, workers=0)
+
+
+@pytest.mark.slow  # starts worker processes
+@pytest.mark.timeout(240)
+def test_workers_write_the_same_bytes_and_stop_cleanly(tmp_path, monkeypatch):
+    monkeypatch.setattr(layouts, "_CHUNK_PIXELS", 3 * 64 * 64)  # many chunks, some starting mid-range
+    spec = DemoSpec(cls_train=4, cls_val=2, voc_train=2, voc_val=2, nyu_train=2, nyu_test=2)
+    meta = [demo.generate(tmp_path / f"w{w}", spec, workers=w) for w in (1, 2)]
+    a, b = files(tmp_path / "w1"), files(tmp_path / "w2")
+    ma, mb = json.loads(a.pop(MARKER)), json.loads(b.pop(MARKER))
+    assert meta[0] == meta[1] and a.keys() == b.keys() and a == b
+    assert ma["sha256"] == mb["sha256"] == cache._digest(tmp_path / "w2")[0] and ma["files"] == mb["files"] == len(b)
+    assert not multiprocessing.active_children()  # the pool is shut down
+    # a worker's error reaches the caller, the pool is shut down, no marker is written
+    blocked = tmp_path / "err" / "imagefolder" / "train" / "bar" / "bar_00001.png"
+    blocked.mkdir(parents=True)  # a folder where a worker writes an image
+    with pytest.raises(IsADirectoryError):
+        demo.generate(tmp_path / "err", spec, workers=2)
+    assert not (tmp_path / "err" / MARKER).exists() and not multiprocessing.active_children()
+
+    # Ctrl-C while the workers draw: the pool is shut down, the interrupt propagates, no folder appears
+    def interrupted(root, spec, map_fn):
+        def first_then_interrupt(fn, todo):
+            yield next(iter(map_fn(fn, todo)))
+            raise KeyboardInterrupt
+        return layouts.write_layouts(root, spec, map_fn=first_then_interrupt)
+    monkeypatch.setattr(cache, "write_layouts", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_demo_data(tmp_path / "demo", spec=spec, workers=2)
+    assert not multiprocessing.active_children()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == ["err", "w1", "w2"]
+
+
 def test_cli_default_root(tmp_path, monkeypatch, capsys):
     from tokenmix import paths
     monkeypatch.setattr(paths, "DEMO_ROOT", tmp_path / "data" / "demo")
@@ -213,7 +266,7 @@ def test_learnable_but_not_solved_by_colour(tmp_path):
     """Raw pixels separate the classes well above chance, but not perfectly: colour alone is not enough
     (neighbouring hues overlap), so a feature extractor has something left to learn."""
     spec = DemoSpec(cls_train=20, cls_val=8)
-    layouts.write_imagefolder(tmp_path, spec)
+    layouts.write_layouts(tmp_path, spec, kinds=("imagefolder",))
 
     def load(split):
         xs, ys = [], []

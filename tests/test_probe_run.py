@@ -185,7 +185,9 @@ def test_real_fixture_layouts(fixtures_root, runs, task, data, train_split):
     assert res["config"]["num_val"] >= 1
 
 
-def test_clear_errors(runs, tmp_path):
+def test_clear_errors(runs, tmp_path, monkeypatch):
+    from tokenmix import paths
+    monkeypatch.setattr(paths, "DEMO_ROOT", tmp_path / "demo")  # a wrong CKPT must fail before the demo data exists
     with pytest.raises(ValueError, match="valid tasks: imagenet, knn, voc"):
         main(["--task", "segment", "--ckpt", "random"])
     with pytest.raises(FileNotFoundError, match="needs --data-root"):
@@ -196,6 +198,7 @@ def test_clear_errors(runs, tmp_path):
         main(["--task", "voc", "--ckpt", str(tmp_path / "nope.ckpt")])
     with pytest.raises(FileNotFoundError, match="make pretrain VARIANT=sparsemax"):
         main(["--task", "voc", "--ckpt", "", "--variant", "sparsemax", "--runs-dir", str(runs)])
+    assert not (tmp_path / "demo").exists()
     with pytest.raises(ValueError, match="out of range"):
         parse_layers("7", 2)
     assert parse_layers("", 4) == [None] and parse_layers("all", 2) == [[0], [1]] and parse_layers("-1", 3) == [[2]]

@@ -1,4 +1,4 @@
-"""``python -m datamodules.demo [--root R] [--force]`` (make demo-data)."""
+"""``python -m datamodules.demo [--root R] [--force] [--workers N]`` (make demo-data)."""
 import sys
 
 from .cache import main

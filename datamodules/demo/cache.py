@@ -9,19 +9,24 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
+import signal
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from tokenmix import paths
 from tokenmix.io import atomic_json_dump
 
-from .layouts import DEMO_VERSION, DemoSpec, metadata, write_imagefolder, write_nyu, write_voc
+from .layouts import DEMO_VERSION, DemoSpec, metadata, pixels, write_layouts
 from .scenes import IGNORE_INDEX
 
 MARKER = ".demo_complete.json"
 DEFAULT_SPEC = DemoSpec()  # what `make demo-data` and every demo run use
+MAX_WORKERS = 16  # beyond this, starting processes (each imports torch via the package) costs more than it saves
+PIXELS_PER_WORKER = 8 << 20  # ~5 s of drawing on one core, about what starting a worker costs; tests stay serial
 
 
 def _digest(root: Path) -> tuple[str, int]:
@@ -34,15 +39,45 @@ def _digest(root: Path) -> tuple[str, int]:
     return hsh.hexdigest(), n
 
 
-def generate(root: Path, spec: DemoSpec | None = None) -> dict:
-    """Write every layout under ``root`` (an empty or new folder) and the marker last; returns the metadata."""
+def default_workers(spec: DemoSpec) -> int:
+    """The CPUs this process may use (affinity, e.g. a Slurm allocation), at most ``MAX_WORKERS``, and no more
+    than the work pays for: 1 (this process, no pool) for small specs."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cpus, MAX_WORKERS, pixels(spec) // PIXELS_PER_WORKER))
+
+
+@contextlib.contextmanager
+def _map_fn(workers: int):
+    """``map`` for one worker; else a process pool's ``map``. 'spawn', not fork: callers (pytest, Lightning)
+    may have torch/OpenMP threads running, and a forked child can deadlock on a lock one of them held. Workers
+    ignore SIGINT: Ctrl-C interrupts this process, which cancels what has not started and waits for the rest."""
+    if workers == 1:
+        yield map
+        return
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN))
+    try:
+        yield pool.map
+    finally:  # also on an error or KeyboardInterrupt: no worker outlives the call
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def generate(root: Path, spec: DemoSpec | None = None, workers: int | None = None) -> dict:
+    """Write every layout under ``root`` (an empty or new folder) and the marker last; returns the metadata.
+
+    ``workers``: processes drawing the images (default ``default_workers(spec)``; 1 = this process only). Each
+    image has its own seeded Generator and file, so the bytes are the same for any number of workers.
+    """
     spec = spec or DEFAULT_SPEC
-    root = Path(root)
+    workers = default_workers(spec) if workers is None else workers
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     meta = metadata(spec)
-    meta["counts"] = {"imagefolder": write_imagefolder(root, spec), "voc": write_voc(root, spec),
-                      "nyu": write_nyu(root, spec)}
+    with _map_fn(workers) as map_fn:
+        meta["counts"] = write_layouts(root, spec, map_fn=map_fn)
     atomic_json_dump(meta, root / "classes.json")
     digest, n_files = _digest(root)
     marker = {"version": DEMO_VERSION, "spec_key": spec.key(), "files": n_files, "sha256": digest,
@@ -76,10 +111,11 @@ def _lock(root: Path):
 
 
 def ensure_demo_data(root: str | os.PathLike | None = None, force: bool = False,
-                     spec: DemoSpec | None = None) -> Path:
+                     spec: DemoSpec | None = None, workers: int | None = None) -> Path:
     """The demo data folder, generated on first use (or again with ``force`` / when incomplete or stale).
 
     ``root``: default ``tokenmix.paths.DEMO_ROOT`` (data/demo, env TOKENMIX_DEMO_ROOT); '' counts as not given.
+    ``workers``: see ``generate``.
     """
     spec = spec or DEFAULT_SPEC
     root = Path(root) if root not in (None, "") else paths.DEMO_ROOT
@@ -92,7 +128,7 @@ def ensure_demo_data(root: str | os.PathLike | None = None, force: bool = False,
         tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            generate(tmp, spec)
+            generate(tmp, spec, workers)
             if root.exists():
                 old = root.parent / f".{root.name}.old-{os.getpid()}"
                 os.rename(root, old)
@@ -125,9 +161,14 @@ def main(argv: list[str] | None = None) -> int:
                                  "scenes generated on first use, deterministic, in seconds, no download.")
     ap.add_argument("--root", default="", help=f"output folder (default {paths.DEMO_ROOT}, env TOKENMIX_DEMO_ROOT)")
     ap.add_argument("--force", action="store_true", help="regenerate even if complete")
+    ap.add_argument("--workers", type=int, default=None, metavar="N",
+                    help=f"processes drawing the images (default: the usable CPUs, at most {MAX_WORKERS}, fewer "
+                         "for a small spec; 1 = this process only); the bytes do not depend on it")
     args = ap.parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        ap.error(f"--workers must be >= 1, got {args.workers}")
     t = time.perf_counter()
-    root = ensure_demo_data(args.root or None, force=args.force)
+    root = ensure_demo_data(args.root or None, force=args.force, workers=args.workers)
     print(summary(root))
     print(f"  ready in {time.perf_counter() - t:.1f} s")
     return 0

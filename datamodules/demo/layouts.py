@@ -4,6 +4,7 @@ Generator per image seeded by (seed, layout, index): the same bytes on every run
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -74,64 +75,115 @@ def _voc_xml(name: str, size: int, objects) -> str:
     return "".join(parts)
 
 
-def write_imagefolder(root: Path, spec: DemoSpec) -> dict:
+# One chunk of work: images start..stop-1 of one layout's split (and class). Every image has its own Generator
+# (``_rng``) and its own file, so chunks can be written in any order, by any process, with the same bytes.
+Chunk = tuple[str, str, int, int, int, int]  # kind, split, layout (the rng stream), class, start, stop
+KINDS = ("imagefolder", "voc", "nyu")
+_CHUNK_PIXELS = 1 << 20  # ~0.6 s of drawing on one core: ~80 tasks for the default spec, balanced over 16
+
+
+def _splits(spec: DemoSpec) -> dict[str, tuple]:
+    """kind -> ((split, count, layout), ...) and the image size (H, W)."""
+    return {"imagefolder": ((("train", spec.cls_train, 1), ("val", spec.cls_val, 2)), (spec.cls_size,) * 2),
+            "voc": ((("train", spec.voc_train, 3), ("val", spec.voc_val, 4)), (spec.voc_size,) * 2),
+            "nyu": ((("train", spec.nyu_train, 5), ("test", spec.nyu_test, 6)), tuple(spec.nyu_size))}
+
+
+def chunks(spec: DemoSpec, kinds=KINDS) -> list[Chunk]:
+    """Every image of ``kinds``, in chunks of about ``_CHUNK_PIXELS`` pixels."""
+    out = []
+    for kind in kinds:
+        splits, (h, w) = _splits(spec)[kind]
+        step = max(1, _CHUNK_PIXELS // (h * w))
+        for split, n, layout in splits:
+            for c in range(len(CLASS_NAMES)) if kind == "imagefolder" else (0,):
+                out += [(kind, split, layout, c, i, min(i + step, n)) for i in range(0, n, step)]
+    return out
+
+
+def pixels(spec: DemoSpec, kinds=KINDS) -> int:
+    """How much drawing ``spec`` takes, in pixels: what one process would do serially."""
+    total = 0
+    for kind in kinds:
+        splits, (h, w) = _splits(spec)[kind]
+        total += h * w * sum(n for _, n, _ in splits) * (len(CLASS_NAMES) if kind == "imagefolder" else 1)
+    return total
+
+
+def _folders(root: Path, kinds) -> list[Path]:
+    out, voc = [], root / "VOCdevkit" / "VOC2012"
+    if "imagefolder" in kinds:
+        out += [root / "imagefolder" / split / name for split in ("train", "val") for name in CLASS_NAMES]
+    if "voc" in kinds:
+        out += [voc / k for k in ("JPEGImages", "SegmentationClass", "SegmentationObject", "Annotations",
+                                  "ImageSets/Segmentation")]
+    if "nyu" in kinds:
+        out += [root / "nyu" / k / split for split in ("train", "test") for k in ("images", "annotations")]
+    return out
+
+
+def write_chunk(root: Path, spec: DemoSpec, chunk: Chunk) -> tuple[np.ndarray, int, int, int]:
+    """Draw and write one chunk's images (folders already made). Returns what the counts need: VOC pixels per
+    class (borders left out), VOC objects, NYU depth min and max (mm)."""
+    kind, split, layout, c, start, stop = chunk
+    voc, pal, size = root / "VOCdevkit" / "VOC2012", voc_palette(), spec.voc_size
+    pixel_counts, n_objects, dmin, dmax = np.zeros(len(SEG_CLASSES), dtype=np.int64), 0, 10**9, 0
+    for i in range(start, stop):
+        rng = _rng(spec, layout, c * 100_000 + i if kind == "imagefolder" else i)
+        if kind == "imagefolder":
+            name = CLASS_NAMES[c]
+            img = render_classification(rng, spec.cls_size, c)
+            Image.fromarray(img).save(root / "imagefolder" / split / name / f"{name}_{i:05d}.png")
+        elif kind == "voc":
+            name = f"demo_{split}_{i:05d}"
+            img, label, inst, objects, _ = render_segmentation(rng, size)
+            Image.fromarray(img).save(voc / "JPEGImages" / f"{name}.jpg", quality=spec.jpeg_quality)
+            _save_palette_png(label, voc / "SegmentationClass" / f"{name}.png", pal)
+            _save_palette_png(inst, voc / "SegmentationObject" / f"{name}.png", pal)
+            (voc / "Annotations" / f"{name}.xml").write_text(_voc_xml(name, size, objects))
+            pixel_counts += np.bincount(label[label != IGNORE_INDEX].ravel(), minlength=len(SEG_CLASSES))
+            n_objects += len(objects)
+        else:
+            img, depth = render_depth(rng, *spec.nyu_size)
+            name = f"{NYU_SCENE}_{i:05d}"
+            nyu = root / "nyu"
+            Image.fromarray(img).save(nyu / "images" / split / f"{name}.jpg", quality=spec.jpeg_quality)
+            Image.fromarray(depth).save(nyu / "annotations" / split / f"{name}.png")  # uint16 -> 16-bit PNG (I;16)
+            dmin, dmax = min(dmin, int(depth.min())), max(dmax, int(depth.max()))
+    return pixel_counts, n_objects, dmin, dmax
+
+
+def write_layouts(root: Path, spec: DemoSpec, kinds=KINDS, map_fn=map) -> dict:
+    """Every image of ``kinds`` under ``root``, chunk by chunk through ``map_fn`` (``map``, or a process pool's
+    ``map``: the bytes do not depend on it), then VOC's split listings. Returns the counts per kind."""
+    root = Path(root)
+    for d in _folders(root, kinds):
+        d.mkdir(parents=True, exist_ok=True)
+    stats = {k: [] for k in kinds}
+    todo = chunks(spec, kinds)
+    for chunk, result in zip(todo, map_fn(functools.partial(write_chunk, root, spec), todo)):
+        stats[chunk[0]].append(result)
     counts = {}
-    for split, n, layout in (("train", spec.cls_train, 1), ("val", spec.cls_val, 2)):
-        for c, name in enumerate(CLASS_NAMES):
-            d = root / "imagefolder" / split / name
-            d.mkdir(parents=True, exist_ok=True)
-            for i in range(n):
-                img = render_classification(_rng(spec, layout, c * 100_000 + i), spec.cls_size, c)
-                Image.fromarray(img).save(d / f"{name}_{i:05d}.png")
-        counts[split] = n * len(CLASS_NAMES)
+    if "imagefolder" in kinds:
+        counts["imagefolder"] = {s: n * len(CLASS_NAMES) for s, n, _ in _splits(spec)["imagefolder"][0]}
+    if "voc" in kinds:
+        counts["voc"] = _write_voc_sets(root, spec, stats["voc"])
+    if "nyu" in kinds:
+        counts["nyu"] = {s: n for s, n, _ in _splits(spec)["nyu"][0]}
+        counts["nyu"]["depth_mm_range"] = [min([10**9] + [r[2] for r in stats["nyu"]]),
+                                           max([0] + [r[3] for r in stats["nyu"]])]
     return counts
 
 
-def write_voc(root: Path, spec: DemoSpec) -> dict:
-    voc = root / "VOCdevkit" / "VOC2012"
-    dirs = {k: voc / k for k in ("JPEGImages", "SegmentationClass", "SegmentationObject", "Annotations",
-                                 "ImageSets/Segmentation")}
-    for d in dirs.values():
-        d.mkdir(parents=True, exist_ok=True)
-    pal = voc_palette()
-    splits = {"train": [], "val": []}
-    pixel_counts = np.zeros(len(SEG_CLASSES), dtype=np.int64)
-    n_objects = 0
-    for split, n, layout in (("train", spec.voc_train, 3), ("val", spec.voc_val, 4)):
-        for i in range(n):
-            name = f"demo_{split}_{i:05d}"
-            img, label, inst, objects, _ = render_segmentation(_rng(spec, layout, i), spec.voc_size)
-            Image.fromarray(img).save(dirs["JPEGImages"] / f"{name}.jpg", quality=spec.jpeg_quality)
-            _save_palette_png(label, dirs["SegmentationClass"] / f"{name}.png", pal)
-            _save_palette_png(inst, dirs["SegmentationObject"] / f"{name}.png", pal)
-            (dirs["Annotations"] / f"{name}.xml").write_text(_voc_xml(name, spec.voc_size, objects))
-            splits[split].append(name)
-            pixel_counts += np.bincount(label[label != IGNORE_INDEX].ravel(), minlength=len(SEG_CLASSES))
-            n_objects += len(objects)
-    sets = dirs["ImageSets/Segmentation"]
+def _write_voc_sets(root: Path, spec: DemoSpec, stats: list) -> dict:
+    splits = {s: [f"demo_{s}_{i:05d}" for i in range(n)] for s, n, _ in _splits(spec)["voc"][0]}
+    sets = root / "VOCdevkit" / "VOC2012" / "ImageSets" / "Segmentation"
     for split in ("train", "val"):
         (sets / f"{split}.txt").write_text("".join(s + "\n" for s in splits[split]))
     (sets / "trainval.txt").write_text("".join(s + "\n" for s in splits["train"] + splits["val"]))
-    return {"train": len(splits["train"]), "val": len(splits["val"]), "objects": n_objects,
+    pixel_counts = sum((r[0] for r in stats), np.zeros(len(SEG_CLASSES), dtype=np.int64))
+    return {"train": len(splits["train"]), "val": len(splits["val"]), "objects": sum(r[1] for r in stats),
             "pixels_per_class": {c: int(v) for c, v in zip(SEG_CLASSES, pixel_counts)}}
-
-
-def write_nyu(root: Path, spec: DemoSpec) -> dict:
-    h, w = spec.nyu_size
-    counts, dmin, dmax = {}, 10**9, 0
-    for split, n, layout in (("train", spec.nyu_train, 5), ("test", spec.nyu_test, 6)):
-        di, da = root / "nyu" / "images" / split, root / "nyu" / "annotations" / split
-        di.mkdir(parents=True, exist_ok=True)
-        da.mkdir(parents=True, exist_ok=True)
-        for i in range(n):
-            img, depth = render_depth(_rng(spec, layout, i), h, w)
-            name = f"{NYU_SCENE}_{i:05d}"
-            Image.fromarray(img).save(di / f"{name}.jpg", quality=spec.jpeg_quality)
-            Image.fromarray(depth).save(da / f"{name}.png")  # uint16 -> 16-bit greyscale PNG (mode I;16)
-            dmin, dmax = min(dmin, int(depth.min())), max(dmax, int(depth.max()))
-        counts[split] = n
-    counts["depth_mm_range"] = [dmin, dmax]
-    return counts
 
 
 def metadata(spec: DemoSpec) -> dict:

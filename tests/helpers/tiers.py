@@ -91,3 +91,19 @@ def running(item):
         yield
     finally:
         _running.pop()
+
+
+def heavy_files_first(items, default_timeout: float) -> None:
+    """Reorders ``items`` in place, whole files kept together and in their own order: files with slow tests first,
+    the one whose longest slow test may run longest (its timeout) first, then the unit tier.
+
+    ``make test`` runs pytest-xdist with ``--dist loadfile --no-loadscopereorder``: each worker takes the next file
+    in this order. Long files first and the many short unit files last is longest-first list scheduling: the short
+    files fill whatever gap the long ones leave, so no worker starts a 90 s file while the other sits idle."""
+    budget: dict[str, float] = {}
+    for item in items:
+        t = item.get_closest_marker("timeout")
+        if item.get_closest_marker("slow") is not None:
+            budget[item.path] = max(budget.get(item.path, 0.0), float(t.args[0]) if t else default_timeout)
+    order = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
+    items.sort(key=lambda item: (-budget.get(item.path, 0.0), order[item.path]))
