@@ -42,7 +42,7 @@ install: .venv/.installed
 # TEST_WORKERS: pytest-xdist workers, whole files each, the long files first (tests/helpers/tiers.py); 0 = one process.
 TEST_ARGS ?=
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=10 -n $(TEST_WORKERS) --dist loadfile --no-loadscopereorder
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=10 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: install
 	$(PYTEST) $(TEST_ARGS) tests
 
