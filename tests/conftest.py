@@ -7,8 +7,13 @@ import torch
 from helpers import shared_runs, tiers
 
 # Keep the 2-core CI machine responsive and the results reproducible; under pytest-xdist (-n N) the workers share
-# the cores instead of each taking both.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+# the cores instead of each taking both, and so do the processes a test starts (they inherit OMP_NUM_THREADS):
+# two workers' OpenMP pools of 2 threads on 2 cores spin at every barrier waiting for a descheduled thread, which
+# made 2-process tests 4x slower than alone.
+_THREADS = max(1, min(2, os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+torch.set_num_threads(_THREADS)
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"
 # TOKENMIX_STRICT_SKIPS=1 (set by .ci/run): every skip is a failure unless its reason names what a CPU machine
@@ -35,6 +40,12 @@ def pytest_runtest_makereport(item, call):
     _strict_refuses(outcome.get_result())
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _strict_refuses(outcome.get_result())
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "runs_elsewhere(condition, reason): deselect (not skip) when condition is "
                             "true, because another test runs this one in a subprocess (e.g. Triton's interpreter "
@@ -53,12 +64,6 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=elsewhere)
         items[:] = here
     tiers.heavy_files_first(items, float(config.getini("timeout") or 0))
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_make_collect_report(collector):
-    outcome = yield
-    _strict_refuses(outcome.get_result())
 
 
 def pytest_itemcollected(item):
