@@ -14,6 +14,8 @@ _THREADS = max(1, min(2, os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIS
 torch.set_num_threads(_THREADS)
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+    import torch._inductor.config
+    torch._inductor.config.compile_threads = _THREADS  # 1: compile in the worker, no pool of compile processes
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"
 # TOKENMIX_STRICT_SKIPS=1 (set by .ci/run): every skip is a failure unless its reason names what a CPU machine
@@ -105,5 +107,7 @@ def fixtures_root() -> Path:
 def entmax_run(tmp_path_factory) -> shared_runs.TinyRun:
     """ONE trained tiny entmax DINO run for the whole session (k-NN and dense checks on, epoch 1 kept): every test
     that needs "a trained checkpoint" or its logs reads this one instead of training its own. Read-only."""
-    root = tmp_path_factory.mktemp("shared_entmax_run")
-    return shared_runs.train_tiny_entmax(root / "runs", shared_runs.small_voc(root / "demo"))
+    base = tmp_path_factory.getbasetemp()
+    session = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base  # xdist: the workers' common folder
+    return shared_runs.once(session / "shared", "entmax_run", lambda root: shared_runs.train_tiny_entmax(
+        root / "runs", shared_runs.small_voc(root / "demo")))

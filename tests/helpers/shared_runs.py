@@ -1,10 +1,13 @@
 """Trained runs that several test files read, trained once per session (the ``entmax_run`` fixture in
-conftest.py) instead of once per file. A test reads a shared run and never writes into its folder.
+conftest.py) instead of once per file, also across pytest-xdist workers (``once``). A test reads a shared run and
+never writes into its folder.
 """
 from __future__ import annotations
 
+import fcntl
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
@@ -51,3 +54,17 @@ def train_tiny_entmax(runs: Path, data: Path) -> TinyRun:
     wall = time.perf_counter() - t0
     assert code == 0, f"the shared tiny entmax run failed (exit {code})"
     return TinyRun(runs, runs / "entmax" / "pretrain" / "tiny" / "version_0", wall, data)
+
+
+def once(session_dir: Path, name: str, make) -> TinyRun:
+    """``make(folder)`` run once per test session: the first worker to get here trains under a file lock and
+    records the result; pytest-xdist's other workers (same ``session_dir``) wait for it and read the record."""
+    folder, record = session_dir / name, session_dir / f"{name}.json"
+    session_dir.mkdir(parents=True, exist_ok=True)
+    with open(session_dir / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not record.exists():
+            run = make(folder)
+            record.write_text(json.dumps({k: str(v) for k, v in asdict(run).items()}))
+        fields = json.loads(record.read_text())
+    return TinyRun(Path(fields["runs"]), Path(fields["version"]), float(fields["call_wall"]), Path(fields["small_voc"]))
