@@ -97,7 +97,7 @@ def heavy_files_first(items, default_timeout: float) -> None:
     """Reorders ``items`` in place, whole files kept together and in their own order: files with slow tests first,
     the one whose longest slow test may run longest (its timeout) first, then the unit tier.
 
-    ``make test`` runs pytest-xdist with ``--dist loadfile --no-loadscopereorder``: each worker takes the next file
+    ``make test`` runs pytest-xdist with ``--dist loadfile --no-loadscope-reorder``: each worker takes the next file
     in this order. Long files first and the many short unit files last is longest-first list scheduling: the short
     files fill whatever gap the long ones leave, so no worker starts a 90 s file while the other sits idle."""
     budget: dict[str, float] = {}
