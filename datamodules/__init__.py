@@ -3,131 +3,40 @@
 ``build_dataset(name, root, split, transform=None, **kw)`` opens any of ``DATASET_NAMES``. Without a transform
 an item is a dict ("image" uint8 (3, H, W), "mask" int64 ignore 255, "depth" float32 metres, "boxes",
 "box_labels", "label", "path": whichever the dataset has). See docs/data.md.
+
+The names below are loaded on first use (``registry``, ``errors``): importing a light submodule such as
+``datamodules.demo`` (whose generator workers start in fresh processes) does not import torch and every layout.
+
+>>> from datamodules import build_dataset, DATASET_NAMES   # loads the registry
 """
 from __future__ import annotations
 
-from pathlib import Path
+import importlib
+from typing import TYPE_CHECKING
 
-from .datasets.ade20k import ADE20KDataset
-from .datasets.base import IGNORE_INDEX, BaseDataset
-from .datasets.cityscapes import CityscapesDataset
-from .datasets.custom_depth import CustomDepthDataset
-from .datasets.custom_seg import CustomSegDataset
-from .datasets.folder import FolderDataset
-from .datasets.imagefolder import ImageFolderDataset
-from .datasets.imagenet import ImageNetDataset
-from .datasets.kitti import KITTIDataset
-from .datasets.nyuv2 import NYUv2Dataset
-from .datasets.sunrgbd import SUNRGBDDataset
-from .datasets.voc import VOC07Dataset, VOCAugDataset, VOCDataset
-from .demo.layouts import seg_palette
-from .demo.names import DEMO_DATASETS, demo_dataset, is_demo
-from .demo.scenes import SEG_CLASSES
-from .errors import (CorruptFileError, DatasetError, DepthFormatError, EmptyDatasetError, LabelRangeError,
-                     MissingDataError, SampleError, SizeMismatchError, SplitFileError, UnknownDatasetError)
+if TYPE_CHECKING:  # the modules the names come from, for readers and static tools
+    from . import errors, registry  # noqa: F401
 
-
-# --- the demo datasets: the real loaders pointed at the generated data (make demo-data) -------------------
-class DemoClsDataset(ImageNetDataset):
-    name = "demo_cls"
-    OFFICIAL_COUNTS = {}
-
-
-class DemoVOCDataset(VOCDataset):
-    """VOC layout with the demo's own classes (0 background + 8 shapes), fixed by the demo generator's class
-    table (``datamodules/demo/scenes.py``; ``classes.json`` next to VOCdevkit records the same)."""
-
-    name = "demo_voc"
-    OFFICIAL_COUNTS = {}
-    METAINFO = {"classes": tuple(SEG_CLASSES), "palette": tuple(tuple(c) for c in seg_palette())}
-    NUM_CLASSES = len(SEG_CLASSES)
-
-
-class DemoNYUDataset(NYUv2Dataset):
-    name = "demo_nyu"
-    OFFICIAL_COUNTS = {}
-
-
-DATASETS: dict[str, type[BaseDataset]] = {
-    "imagenet": ImageNetDataset, "voc": VOCDataset, "voc07": VOC07Dataset, "voc_aug": VOCAugDataset,
-    "ade20k": ADE20KDataset,
-    "cityscapes": CityscapesDataset, "nyuv2": NYUv2Dataset, "sunrgbd": SUNRGBDDataset, "kitti": KITTIDataset,
-    "demo_cls": DemoClsDataset, "demo_voc": DemoVOCDataset, "demo_nyu": DemoNYUDataset,
-    # your own data (docs/data.md "Your own data")
-    "folder": FolderDataset, "imagefolder": ImageFolderDataset, "custom_seg": CustomSegDataset,
-    "custom_depth": CustomDepthDataset,
+_HOMES = {
+    "registry": ("build_dataset", "resolve_data", "canonical_name", "DATASETS", "DATASET_NAMES", "ALIASES",
+                 "SPLIT_ALIASES", "IGNORE_INDEX", "BaseDataset", "ImageNetDataset", "VOCDataset", "VOC07Dataset",
+                 "VOCAugDataset", "ADE20KDataset", "CityscapesDataset", "NYUv2Dataset", "SUNRGBDDataset",
+                 "KITTIDataset", "FolderDataset", "ImageFolderDataset", "CustomSegDataset", "CustomDepthDataset",
+                 "DemoClsDataset", "DemoVOCDataset", "DemoNYUDataset"),
+    "errors": ("DatasetError", "UnknownDatasetError", "MissingDataError", "SplitFileError", "EmptyDatasetError",
+               "SampleError", "CorruptFileError", "LabelRangeError", "SizeMismatchError", "DepthFormatError"),
 }
-ALIASES = {"voc2007": "voc07", "nyu": "nyuv2", "ade": "ade20k", "sun": "sunrgbd", "in1k": "imagenet"}
-DATASET_NAMES = tuple(DATASETS)
-# depth benchmarks only have a test split: a probe asking for "val" gets it
-SPLIT_ALIASES = {"nyuv2": {"val": "test"}, "demo_nyu": {"val": "test"}, "kitti": {"val": "test"},
-                 "custom_depth": {"test": "val"}, "custom_seg": {"test": "val"}}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+__all__ = list(_HOME_OF)
 
 
-def canonical_name(name: str) -> str:
-    key = (name or "").strip().lower()
-    key = ALIASES.get(key, key)
-    if key not in DATASETS:
-        raise UnknownDatasetError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)} "
-                                  f"(aliases: {', '.join(f'{a}={b}' for a, b in ALIASES.items())})")
-    return key
+def __getattr__(name: str):
+    if name not in _HOME_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOME_OF[name]}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
 
-def _demo_root(name: str, root) -> Path:
-    from tokenmix.paths import DEMO_ROOT
-    base = Path(root) if root not in (None, "") else DEMO_ROOT
-    sub = DEMO_DATASETS[name]
-    if sub and (base / sub).is_dir():
-        return base / sub
-    if not base.exists():
-        raise MissingDataError(f"demo dataset '{name}': {base} does not exist. Generate it with `make demo-data` "
-                               "(python -m datamodules.demo).")
-    return base
-
-
-def resolve_data(data: str, data_root, demo: str) -> tuple[str, Path]:
-    """(dataset name, root) that a DATA / DATA_ROOT pair names. DATA ``demo`` (or ''): the generated dataset ``demo``
-    (e.g. "demo_voc"; a DATA that names a demo dataset itself, e.g. "demo_nyu": that one; the rule is ``is_demo``)
-    in DATA_ROOT when given (an existing demo folder, e.g. a smaller one the tests generate), else in data/demo
-    (generated on first use, ``make demo-data``). A real dataset needs DATA_ROOT.
-
-    >>> resolve_data("voc", "", "demo_voc")
-    Traceback (most recent call last):
-    ...
-    datamodules.errors.MissingDataError: --data voc needs --data-root (DATA_ROOT=/path): ...
-    """
-    data = (data or "demo").strip()
-    if is_demo(data):
-        demo = demo_dataset(data, demo)
-        if data_root:
-            root = Path(data_root).expanduser()
-            if not (root / "classes.json").is_file():
-                raise MissingDataError(f"--data {data} --data-root {root}: not a demo data folder (no classes.json). "
-                                       "Leave DATA_ROOT empty to use/generate data/demo (make demo-data).")
-            return demo, root
-        from .demo import ensure_demo_data
-        return demo, Path(ensure_demo_data())
-    if not data_root:
-        raise MissingDataError(
-            f"--data {data} needs --data-root (DATA_ROOT=/path): the folder that holds the '{data}' dataset in its "
-            "standard layout (see docs/data.md; check it with `make check-data`), or use DATA=demo for the "
-            "built-in generated data.")
-    return data, Path(data_root).expanduser()  # a missing folder: build_dataset names the layout it expects
-
-
-def build_dataset(name: str, root, split: str, transform=None, **kw) -> BaseDataset:
-    """Open dataset ``name`` (see DATASET_NAMES) at ``root`` ('' / None: error, except demo_* -> data/demo)."""
-    key = canonical_name(name)
-    if is_demo(key):
-        root = _demo_root(key, root)
-    split = SPLIT_ALIASES.get(key, {}).get(split, split)
-    return DATASETS[key](root, split, transform=transform, **kw)
-
-
-__all__ = ["build_dataset", "resolve_data", "canonical_name", "DATASETS", "DATASET_NAMES", "IGNORE_INDEX",
-           "BaseDataset", "ImageNetDataset", "VOCDataset", "VOC07Dataset", "VOCAugDataset", "ADE20KDataset",
-           "CityscapesDataset", "NYUv2Dataset",
-           "SUNRGBDDataset", "KITTIDataset", "FolderDataset", "ImageFolderDataset", "CustomSegDataset",
-           "CustomDepthDataset", "DatasetError", "UnknownDatasetError", "MissingDataError",
-           "SplitFileError", "EmptyDatasetError", "SampleError", "CorruptFileError", "LabelRangeError",
-           "SizeMismatchError", "DepthFormatError"]
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -15,7 +15,7 @@ from typing import Optional
 
 from tokenmix import paths
 
-from .cells import PRETRAIN, Cell, record
+from .cells import PRETRAIN, Cell, done_record, record
 from .progress import Progress
 
 
@@ -67,6 +67,11 @@ def run_missing(cells: list[Cell], done: dict, python: str, progress: Progress, 
     """Run every cell without a marker whose pretraining is done; returns [(cell id, reason)] of failures."""
     failures = []
     for c in cells:
+        if not done.get(c.id) and c.depends and done.get(c.depends):
+            # its pretraining was recorded again in this run (a lost marker, a requeue): its results may hold
+            done[c.id] = done_record(c, done[c.depends])
+            if done[c.id]:
+                progress.reused(c.stage)
         if done.get(c.id):
             continue
         if c.depends and not done.get(c.depends):

@@ -73,6 +73,11 @@ class Progress:
         self.current = cell_id
         self.show()
 
+    def reused(self, stage: str) -> None:
+        """A cell found finished after all (its results hold for a checkpoint recorded again): counted, not timed."""
+        self.done[stage] = self.done.get(stage, 0) + 1
+        self.show()
+
     def finished(self, stage: str, seconds: float, ok: bool) -> None:
         self.current = ""
         if ok:

@@ -39,14 +39,29 @@ def _cmd(runs: Path, extra: list[str], backend: str, pause: int = -1) -> dict:
     return {"cmd": cmd, "cwd": REPO, "env": env, "stderr": subprocess.STDOUT, "text": True}
 
 
-def _rank_seeded_tiny(tmp_path: Path, trainer: dict | None = None, data: dict | None = None) -> Path:
-    """An extra config: the tiny preset's callbacks plus RankSeed (ranks draw differently), and overrides."""
+def _rank_seeded_tiny(tmp_path: Path) -> Path:
+    """The config both resume tests run: the tiny preset's callbacks plus RankSeed (ranks draw differently); 3
+    epochs of 2 batches and a checkpoint after every step, so there are checkpoints inside epochs (steps 1, 3, 5)
+    and at their ends (2, 4)."""
     tiny = yaml.safe_load((REPO / "configs/pretrain/tiny.yaml").read_text())
     cbs = tiny["trainer"]["callbacks"] + [{"class_path": "ddp_helpers.RankSeed"}]
+    ckpt = next(c for c in cbs if c["class_path"].endswith("ModelCheckpoint"))
+    ckpt["init_args"]["every_n_train_steps"] = 1
     extra = tmp_path / "extra.yaml"
-    config = {"trainer": {"callbacks": cbs, **(trainer or {})}, **({"data": data} if data else {})}
-    extra.write_text(yaml.safe_dump(config))
+    extra.write_text(yaml.safe_dump({"trainer": {"callbacks": cbs, "max_epochs": 3}, "data": {"batches_per_epoch": 2}}))
     return extra
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> tuple[Path, Path, dict]:
+    """(config, checkpoint folder, last checkpoint) of the uninterrupted 2-process run that both resume tests
+    compare against."""
+    root = tmp_path_factory.mktemp("straight")
+    extra = _rank_seeded_tiny(root)
+    with started(stdout=subprocess.PIPE, **_cmd(root / "a", [f"--config={extra}"], "onednn")) as p:
+        finish(p, timeout=250)
+    last = last_checkpoint(root / "a")
+    return extra, last.parent, torch.load(last, weights_only=True)
 
 
 @pytest.mark.timeout(600)
@@ -104,28 +119,25 @@ def test_sync_batchnorm_under_gpu_ddp_converts_student_and_teacher():
 
 @pytest.mark.timeout(900)
 @pytest.mark.slow
-def test_two_processes_sigkill_then_resume_is_bitwise_identical(tmp_path):
-    # tiny preset: 3 batches per epoch, 2 epochs, a checkpoint every 2 steps, drop-path on (per-rank RNG streams)
-    extra = _rank_seeded_tiny(tmp_path)
+def test_two_processes_sigkill_then_resume_is_bitwise_identical(tmp_path, straight):
+    # tiny preset: 3 epochs of 2 batches, a checkpoint every step, drop-path on (per-rank RNG streams); killed inside
+    # step 3 (last.ckpt: step 3, inside epoch 1), so the resumed run also crosses an epoch boundary
+    extra, _, a = straight
     t0 = time.perf_counter()
     paused = tmp_path / "b" / "paused"
     paused.mkdir(parents=True)
     log = tmp_path / "killed.log"
     with contextlib.ExitStack() as runs, open(log, "w") as out:  # the log: a file, nothing blocks on it
-        straight = runs.enter_context(started(stdout=subprocess.PIPE,
-                                              **_cmd(tmp_path / "a", [f"--config={extra}"], "onednn")))
         killed = runs.enter_context(started(stdout=out, **_cmd(tmp_path / "b", [f"--config={extra}"], "onednn",
-                                                               pause=5)))  # step 5 = last of epoch 1
-        wait_for_pause(paused, 2, killed, log, timeout=300)  # both ranks inside step 5 (last.ckpt: step 4)
+                                                               pause=3)))
+        wait_for_pause(paused, 2, killed, log, timeout=300)  # both ranks inside step 3 (last.ckpt: step 3)
         kill_group(killed)  # the launcher and the process it started
         assert killed.returncode == -signal.SIGKILL
-        assert torch.load(last_checkpoint(tmp_path / "b"), weights_only=True)["global_step"] == 4
+        assert torch.load(last_checkpoint(tmp_path / "b"), weights_only=True)["global_step"] == 3
         resumed = finish(runs.enter_context(started(stdout=subprocess.PIPE, **_cmd(
             tmp_path / "b", [f"--config={extra}", "--resume", "1"], "onednn"))), timeout=300)
         assert "resuming from" in resumed
-        finish(straight, timeout=200)  # all budgets together stay below the test's 900 s
-    print(f"straight + killed + resumed 2-process runs: {time.perf_counter() - t0:.1f} s")
-    a = torch.load(last_checkpoint(tmp_path / "a"), weights_only=True)
+    print(f"killed + resumed 2-process runs: {time.perf_counter() - t0:.1f} s")
     b = torch.load(last_checkpoint(tmp_path / "b"), weights_only=True)
     assert a["global_step"] == b["global_step"] == 6
     assert a["tokenmix"]["runtime"] == {"linear_backend": "onednn"}  # the pinned backend, recorded
@@ -162,17 +174,16 @@ def test_teacher_head_batchnorm_uses_batch_statistics_as_official():
 
 @pytest.mark.timeout(900)
 @pytest.mark.slow
-def test_two_processes_resume_at_epoch_ends_again_and_after_the_end(tmp_path):
-    # 3 epochs x 2 batches, a checkpoint every 2 steps: every checkpoint is an epoch's last batch (issue 40).
-    # Resume from the first, again from one the resumed run wrote, then RESUME=1 on the finished run
-    extra = _rank_seeded_tiny(tmp_path, trainer={"max_epochs": 3}, data={"batches_per_epoch": 2})
+def test_two_processes_resume_at_epoch_ends_again_and_after_the_end(tmp_path, straight):
+    # 3 epochs x 2 batches: resume from the end of the first epoch (step 2, issue 40), again from the end of the
+    # second (step 4) that the resumed run wrote, then RESUME=1 on the finished run
+    extra, checkpoints, a = straight
     t0 = time.perf_counter()
 
     def run(runs: Path, *more: str) -> str:
         with started(stdout=subprocess.PIPE, **_cmd(runs, [f"--config={extra}", *more], "onednn")) as p:
             return finish(p, timeout=250)
-    run(tmp_path / "a")
-    shutil.copy(last_checkpoint(tmp_path / "a").parent / "step0002.ckpt", tmp_path / "start.ckpt")
+    shutil.copy(checkpoints / "step0002.ckpt", tmp_path / "start.ckpt")
     assert "resuming from" in run(tmp_path / "b", "--resume", str(tmp_path / "start.ckpt"))
     shutil.copy(last_checkpoint(tmp_path / "b").parent / "step0004.ckpt", tmp_path / "again.ckpt")
     run(tmp_path / "c", "--resume", str(tmp_path / "again.ckpt"))
@@ -182,8 +193,7 @@ def test_two_processes_resume_at_epoch_ends_again_and_after_the_end(tmp_path):
     assert out.count("run already finished: step 6") == 1 and str(done) in out and "resuming from" not in out, out
     assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(done.parents[1].rglob("*")) if p.is_file()} \
         == before
-    print(f"straight + 2 resumed + finished 2-process runs: {time.perf_counter() - t0:.1f} s")
-    a = torch.load(last_checkpoint(tmp_path / "a"), weights_only=True)
+    print(f"2 resumed + finished 2-process runs: {time.perf_counter() - t0:.1f} s")
     for name in ("b", "c"):
         got = torch.load(last_checkpoint(tmp_path / name), weights_only=True)
         assert got["global_step"] == a["global_step"] == 6

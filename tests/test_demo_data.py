@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from datamodules import demo
-from datamodules.datasets.voc import voc_palette
+from datamodules.datasets.palette import voc_palette
 from datamodules.demo import cache, layouts, scenes
 from datamodules.demo import CLASS_NAMES, IGNORE_INDEX, MARKER, SEG_CLASSES, DemoSpec, ensure_demo_data
 

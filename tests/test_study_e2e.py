@@ -63,6 +63,9 @@ def test_study_runs_resumes_and_reports(tmp_path):
     assert {k: again[k] for k in ("checkpoint", "ckpt_sha256", "global_step")} == \
         {k: rec[k] for k in ("checkpoint", "ckpt_sha256", "global_step")}
     assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(run.rglob("*")) if p.is_file()} == before
+    # the same checkpoint recorded again: the evaluations of it hold, none runs again
+    assert "evaluations 2/2" in third.stderr and f"{rec['cell']}" in third.stderr
+    assert sorted((tmp_path / "study").glob("seed*/softmax/probe/knn/version_*/results.json")) == results
 
     vals = [p["metrics"]["top1"]["20"] for p in payloads]
     md = (tmp_path / "reports" / "study.md").read_text()

@@ -18,8 +18,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-import torch
-
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used: truncated, foreign, needs pickle, or mismatched."""
@@ -56,6 +54,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    import torch  # here, not at the top: the demo generator's workers import this module without torch
     with atomic_write(path, "wb") as f:
         torch.save(obj, f)
 
@@ -133,6 +132,7 @@ def safe_torch_load(source: str | os.PathLike | bytes, name: str | None = None) 
     if kind == "pickle":
         raise CheckpointError(f"{path}: a plain pickle (pickle.dump), not a torch checkpoint; tokenmix never "
                               "unpickles such files. Re-save the tensors with torch.save from a trusted session.")
+    import torch
     try:
         with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
             return torch.load(path if data is None else io.BytesIO(data), map_location="cpu", weights_only=True)

@@ -1,3 +1,3 @@
 """The datasets in their on-disk layouts, one module each, and the bases they share (``base``: decoding, split
 files, skip-corrupt; ``depth_base``; ``custom_base``; ``boxes``). The registry by name (``build_dataset``,
-``DATASETS``) is ``datamodules/__init__.py``, above both this package and the demo generator."""
+``DATASETS``) is ``datamodules/registry.py``, above both this package and the demo generator."""

@@ -149,18 +149,3 @@ class VOCAugDataset(VOCDataset):
             if (self.voc / rel).is_file():
                 return self.voc / rel
         return self.voc / self.AUG_LISTS[0]  # read_split_file reports it missing
-
-
-def voc_palette() -> list[int]:
-    """The PASCAL VOC colour map (256 entries; bit-interleaved label bits, as the devkit's VOClabelcolormap.m)."""
-    pal = []
-    for i in range(256):
-        r = g = b = 0
-        c = i
-        for j in range(8):
-            r |= ((c >> 0) & 1) << (7 - j)
-            g |= ((c >> 1) & 1) << (7 - j)
-            b |= ((c >> 2) & 1) << (7 - j)
-            c >>= 3
-        pal += [r, g, b]
-    return pal

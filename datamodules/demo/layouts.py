@@ -14,7 +14,7 @@ from xml.sax.saxutils import escape
 import numpy as np
 from PIL import Image
 
-from ..datasets.voc import voc_palette
+from ..datasets.palette import voc_palette
 from .scenes import (CLASS_NAMES, CLASSES, IGNORE_INDEX, NYU_SCENE, SEG_CLASSES, render_classification, render_depth,
                      render_segmentation)
 

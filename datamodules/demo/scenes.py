@@ -61,17 +61,23 @@ def background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     y1 = np.clip(np.ceil(cy + ext) + 1, 0, h).astype(int)
     x0 = np.clip(np.floor(cx - ext), 0, w).astype(int)
     x1 = np.clip(np.ceil(cx + ext) + 1, 0, w).astype(int)
-    ys, xs = np.arange(h, dtype=float), np.arange(w, dtype=float)
-    for k in range(n):
-        if y0[k] >= y1[k] or x0[k] >= x1[k]:
-            continue
-        dy = (ys[y0[k]:y1[k]] - cy[k])[:, None]
-        dx = (xs[x0[k]:x1[k]] - cx[k])[None, :]
-        if blob[k]:
-            m = dx * dx + dy * dy <= r[k] * r[k]
-        else:
-            m = (np.abs(dx * ct[k] + dy * st[k]) <= length[k] / 2) & (np.abs(dy * ct[k] - dx * st[k]) <= width[k] / 2)
-        img[y0[k]:y1[k], x0[k]:x1[k]][m] = cols[k]
+    # each item's mask in its own window, all items at once (windows padded to the largest); a pixel takes the
+    # colour of the last item covering it, as painting them in order would (same float operations per pixel)
+    wy, wx = int((y1 - y0).max(initial=0)), int((x1 - x0).max(initial=0))
+    yy, xx = y0[:, None] + np.arange(wy), x0[:, None] + np.arange(wx)  # (n, wy), (n, wx) pixel rows / columns
+    dy = (yy.astype(float) - cy[:, None])[:, :, None]
+    dx = (xx.astype(float) - cx[:, None])[:, None, :]
+    b = blob[:, None, None]
+    disc = dx * dx + dy * dy <= (r * r)[:, None, None]
+    ct, st = ct[:, None, None], st[:, None, None]
+    stroke = ((np.abs(dx * ct + dy * st) <= (length / 2)[:, None, None])
+              & (np.abs(dy * ct - dx * st) <= (width / 2)[:, None, None]))
+    inside = np.where(b, disc, stroke) & (yy < y1[:, None])[:, :, None] & (xx < x1[:, None])[:, None, :]
+    k, i, j = np.nonzero(inside)
+    owner = np.full(h * w, -1)
+    np.maximum.at(owner, yy[k, i] * w + xx[k, j], k)
+    painted = owner >= 0
+    img.reshape(-1, 3)[painted] = cols[owner[painted]]
     return img
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from datamodules.datasets.voc import voc_palette
+from datamodules.datasets.palette import voc_palette
 
 H, W = 32, 40
 KITTI_HW = (375, 1242)  # the KB crop needs at least 352x1216
