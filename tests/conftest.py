@@ -111,3 +111,12 @@ def entmax_run(tmp_path_factory) -> shared_runs.TinyRun:
     session = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base  # xdist: the workers' common folder
     return shared_runs.once(session / "shared", "entmax_run", lambda root: shared_runs.train_tiny_entmax(
         root / "runs", shared_runs.small_voc(root / "demo")))
+
+
+@pytest.fixture(scope="session")
+def demo_data() -> Path:
+    """data/demo, the folder DATA=demo reads, generated here when missing or stale. Here, not in the first CLI that
+    needs it: the generator's spawned workers import only the generator, where a CLI's would import its whole main
+    module (Lightning included) again."""
+    from datamodules.demo import ensure_demo_data
+    return ensure_demo_data()

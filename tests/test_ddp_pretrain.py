@@ -53,7 +53,7 @@ def _rank_seeded_tiny(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory) -> tuple[Path, Path, dict]:
+def straight(tmp_path_factory, demo_data) -> tuple[Path, Path, dict]:
     """(config, checkpoint folder, last checkpoint) of the uninterrupted 2-process run that both resume tests
     compare against."""
     root = tmp_path_factory.mktemp("straight")
@@ -66,7 +66,7 @@ def straight(tmp_path_factory) -> tuple[Path, Path, dict]:
 
 @pytest.mark.timeout(600)
 @pytest.mark.slow
-def test_two_processes_end_to_end_with_knn_summary_and_head_batchnorm(tmp_path):
+def test_two_processes_end_to_end_with_knn_summary_and_head_batchnorm(tmp_path, demo_data):
     tiny = yaml.safe_load((REPO / "configs/pretrain/tiny.yaml").read_text())
     cbs = tiny["trainer"]["callbacks"]
     cbs.insert(-1, {"class_path": "lightning_modules.callbacks.knn.KNNCheck", "init_args": {"max_train": 64}})

@@ -6,7 +6,7 @@ and the ``entmax`` library, for the register-tile path (16-bit, one tile; keys 3
 (fp32, two key blocks; keys 80).
 
 Run alone, this module sets TRITON_INTERPRET=1 before Triton is imported; in the full suite (Triton already
-imported in compiled mode) ``test_fused_in_subprocess`` runs it in a fresh process.
+imported in compiled mode) test_triton_attention.py's ``test_kernels_in_subprocess`` runs its tests in a fresh process.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import entmax
 import pytest
 import torch
 
-from helpers import procs
 
 _PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
 if not _PRELOADED:
@@ -26,15 +25,8 @@ import triton  # noqa: E402,F401
 from backbones import triton_attention as ta, triton_plan as tp  # noqa: E402
 
 here = pytest.mark.runs_elsewhere(_PRELOADED, reason="Triton already imported in compiled mode: "
-                                  "test_fused_in_subprocess runs these under the interpreter")
+                                  "test_triton_attention.py::test_kernels_in_subprocess runs these under the interpreter")
 _REF = {"entmax15": entmax.entmax15, "sparsemax": entmax.sparsemax}
-
-
-@pytest.mark.runs_elsewhere(not _PRELOADED, reason="the tests run directly in this process")
-@pytest.mark.timeout(600)
-@pytest.mark.slow
-def test_fused_in_subprocess():
-    procs.pytest_under_interpreter(__file__, "not subprocess", timeout=580)
 
 
 def _forced(monkeypatch, fused: bool) -> None:

@@ -187,13 +187,12 @@ def _knn_top1(model, train, val, k: int = 20, T: float = 0.07) -> float:
 
 @pytest.mark.timeout(900)
 @pytest.mark.slow
-def test_demo_pretraining_beats_its_random_init_on_knn(tmp_path):
+def test_demo_pretraining_beats_its_random_init_on_knn(tmp_path, demo_data):
     """25 DINO steps of the demo preset (batch 64, no warm-up): the teacher's k-NN top-1 (k=20, T=0.07) on
     held-out demo images, computed here, beats the same network at its exact starting weights. Measured:
     79.75 -> 82.75 (+3.0, 12 of 400 images); docs/pretraining.md: +1.5 to +2.5 after 25 steps for seeds 0-3 of
     the 150-step schedule. About 1 min on a quiet 2-core machine (6 min under load 10)."""
     from backbones import backbone_from_checkpoint, create_vit
-    from datamodules.demo import ensure_demo_data
 
     start = tmp_path / "start.pt"
     demo = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/pretrain/demo.yaml").read_text())
@@ -207,8 +206,7 @@ def test_demo_pretraining_beats_its_random_init_on_knn(tmp_path):
     trained = backbone_from_checkpoint(_ckpt(tmp_path / "runs", "entmax")).eval()
     init = create_vit("vit_demo_patch8", "entmax")
     init.load_state_dict(torch.load(start, weights_only=True))
-    root = ensure_demo_data()
-    train, val = _demo_split(root, "train", 8), _demo_split(root, "val", 2)  # 2,000 -> 400 images
+    train, val = _demo_split(demo_data, "train", 8), _demo_split(demo_data, "val", 2)  # 2,000 -> 400 images
     before, after = _knn_top1(init.eval(), train, val), _knn_top1(trained, train, val)
     print(f"k-NN top-1 at the starting weights {before:.2f} -> after 25 steps {after:.2f}")
     assert after >= before + 1.0  # at least 4 more of the 400 held-out images right

@@ -32,7 +32,7 @@ def _cmd(runs: Path, extra: list[str], backend: str, pause: int | None = None) -
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("backend", ["aten", "onednn"])  # the same two on every host (backbones/linear.py)
-def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(tmp_path, backend):
+def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(tmp_path, backend, demo_data):
     # tiny preset: 3 batches per epoch, 2 epochs, a checkpoint every 2 steps, drop-path on (global RNG stream)
     (tmp_path / "b" / "paused").mkdir(parents=True)
     log = tmp_path / "killed.log"

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_study_runs_resumes_and_reports(tmp_path):
+def test_study_runs_resumes_and_reports(tmp_path, demo_data):
     small = ensure_demo_data(tmp_path / "demo", spec=DemoSpec(cls_train=4, cls_val=2, voc_train=2, voc_val=2,
                                                                 nyu_train=2, nyu_test=2))
     argv = [sys.executable, "-m", "study", "--name", "e2e", "--root", str(tmp_path / "study"),

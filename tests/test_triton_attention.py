@@ -5,8 +5,9 @@ Reference: the ``entmax`` library (sort-based entmax15 / sparsemax) on the unfus
 The interpreter must be chosen before Triton is first imported (triton.language's own helpers are decorated
 at import). Run alone, this module sets TRITON_INTERPRET=1 first. In the full suite timm has already
 imported Triton in compiled mode: the kernel tests are then deselected here (``runs_elsewhere``, not skipped) and
-``test_kernels_in_subprocess`` runs this file in a fresh process with TRITON_INTERPRET=1, so no other test's
-Triton is switched to the interpreter. The autocast fallback (no kernel) is tested in test_attention_fallback.py.
+``test_kernels_in_subprocess`` runs them, with those of the other interpreter files (``INTERPRETER_FILES``), in one
+fresh process with TRITON_INTERPRET=1, so no other test's Triton is switched to the interpreter. The autocast
+fallback (no kernel) is tested in test_attention_fallback.py.
 """
 from __future__ import annotations
 
@@ -31,12 +32,16 @@ kernel = pytest.mark.runs_elsewhere(_PRELOADED, reason="Triton already imported 
                                     "test_kernels_in_subprocess runs these under the interpreter")
 
 
+# every file whose kernel tests need the interpreter: one process for all (each start imports torch and Triton)
+INTERPRETER_FILES = [Path(__file__), Path(__file__).with_name("test_kernel_fused.py"),
+                     Path(__file__).with_name("test_triton_canary.py")]
+
+
 @pytest.mark.runs_elsewhere(not _PRELOADED, reason="the kernel tests run directly in this process")
 @pytest.mark.timeout(900)
 @pytest.mark.slow
 def test_kernels_in_subprocess():
-    procs.pytest_under_interpreter(
-        __file__, "not subprocess and not fallback and not compile and not gpu_check and not fake", timeout=880)
+    procs.pytest_under_interpreter(INTERPRETER_FILES, timeout=880)
 
 
 def _qkv(b, h, n, d, dtype, seed=0, spread=1.5):

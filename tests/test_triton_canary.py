@@ -4,8 +4,8 @@ and on fake CUDA tensors.
 A deliberately wrong kernel: the production forward kernel launched with ``MAX_PASSES=1`` (its threshold search
 stopped after one pass: tau short of its root, sum p != 1), or with a wrong scale. Reference: ``entmax`` (the
 library) on float64 scores. As in test_triton_attention.py, the interpreter must be chosen before Triton is first
-imported: when the suite already imported Triton in compiled mode, ``test_canary_in_subprocess`` runs this file in
-a fresh process.
+imported: when the suite already imported Triton in compiled mode, test_triton_attention.py's
+``test_kernels_in_subprocess`` runs its kernel tests in a fresh process.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import entmax
 import pytest
 import torch
 
-from helpers import procs
 
 _PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
 if not _PRELOADED:
@@ -29,14 +28,7 @@ from backbones import triton_attention as ta  # noqa: E402
 from backbones import triton_kernels as tk  # noqa: E402
 
 kernel = pytest.mark.runs_elsewhere(_PRELOADED, reason="Triton already imported in compiled mode: "
-                                    "test_canary_in_subprocess runs these under the interpreter")
-
-
-@pytest.mark.runs_elsewhere(not _PRELOADED, reason="the canary tests run directly in this process")
-@pytest.mark.timeout(600)
-@pytest.mark.slow
-def test_canary_in_subprocess():
-    procs.pytest_under_interpreter(__file__, "not subprocess", timeout=580)
+                                    "test_triton_attention.py::test_kernels_in_subprocess runs these under the interpreter")
 
 
 @pytest.fixture(autouse=True)

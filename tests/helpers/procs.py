@@ -56,13 +56,14 @@ def run(cmd, *, timeout: float, capture_output: bool = True, text: bool = True, 
         return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
-def pytest_under_interpreter(test_file: str, select: str, *, timeout: float) -> None:
-    """Run ``test_file``'s tests matching ``-k select`` in a fresh process with ``TRITON_INTERPRET=1`` (Triton reads
-    it once, at import: a process that imported Triton in compiled mode cannot switch). Fails on any failure or skip."""
+def pytest_under_interpreter(test_files, *, timeout: float) -> None:
+    """Run the ``runs_elsewhere`` tests of ``test_files`` (the ones a session that imported Triton in compiled mode
+    deselects) in one fresh process with ``TRITON_INTERPRET=1`` (Triton reads it once, at import: a process that
+    imported Triton in compiled mode cannot switch). Fails on any failure or skip."""
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    proc = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file, "-k", select],
-               cwd=root, env=env, timeout=timeout)
+    proc = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "runs_elsewhere",
+                *map(str, test_files)], cwd=root, env=env, timeout=timeout)
     assert proc.returncode == 0 and " passed" in proc.stdout and "skipped" not in proc.stdout, \
         proc.stdout[-6000:] + proc.stderr[-3000:]
