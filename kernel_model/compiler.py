@@ -69,8 +69,9 @@ def _record(kernel, log: str) -> dict:
     """What the analysis needs, small enough to cache: the SASS [[addr, opcode, branch target, conditional]], the
     source line chains of its branches (loops are found at analysis time), the PTX loops' twin counts."""
     cubin, ptx = kernel.asm["cubin"], kernel.asm["ptx"]
-    instrs = sass.parse_sass(sass.cuobjdump_sass(cubin))
-    chains = sass.line_chains(sass.nvdisasm_lines(cubin))
+    listing = sass.nvdisasm_lines(cubin)
+    instrs = sass.parse_sass(sass.resolve_labels(listing))
+    chains = sass.line_chains(listing)
     res = sass.resource_usage(cubin)
     return dict(**sass.parse_ptxas_log(log), shared=int(kernel.metadata.shared), shared_static=res.get("SHARED", 0),
                 ptx_wgmma=ptx.count("wgmma.mma_async"), ptx_mma_sync=ptx.count("mma.sync"),

@@ -1,5 +1,6 @@
-"""Read a compiled cubin: SASS instructions and their counts (``cuobjdump -sass``), source lines
-(``nvdisasm -gi``: Triton compiles with ``-lineinfo``) and the ptxas resource log. Both tools ship in the triton
+"""Read a compiled cubin: SASS instructions, their counts and source lines from one ``nvdisasm -gi`` listing
+(Triton compiles with ``-lineinfo``; its branch labels resolved to addresses, as ``cuobjdump -sass`` prints them),
+static resources (``cuobjdump -res-usage``) and the ptxas log. Both tools ship in the triton
 wheel (``triton/backends/nvidia/bin``), so this works on a machine without CUDA or a GPU.
 
 Counts are *static*: one per instruction in the listing, whatever its predicate. ``weighted_counts`` multiplies
@@ -22,6 +23,9 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)\s*([^;]*);")
 _BRA_TARGET = re.compile(r"^(?:0x)?([0-9a-f]+)$")
 _LINE = re.compile(r'//## File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", line (\d+))?')
+_ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/")
+_LABEL_DEF = re.compile(r"^\s*(\.L_x_\d+):")
+_LABEL_USE = re.compile(r"`\((\.L_x_\d+)\)")
 _MMA_SHAPE = re.compile(r"^(HGMMA)\.(\d+)x(\d+)x(\d+)\.|^(HMMA)\.(\d)(\d)(\d+)\.")
 
 # SASS opcode (before the first '.') -> the counter it adds to
@@ -71,12 +75,25 @@ def _run_on_cubin(cubin: bytes, args: list[str]) -> str:
     return out.stdout
 
 
-def cuobjdump_sass(cubin: bytes) -> str:
-    return _run_on_cubin(cubin, [str(tool("cuobjdump")), "-sass"])
-
-
 def nvdisasm_lines(cubin: bytes) -> str:
+    """The SASS listing with source lines. One disassembly serves both: each takes about half a second."""
     return _run_on_cubin(cubin, [str(tool("nvdisasm")), "-gi", "-c"])
+
+
+def resolve_labels(text: str) -> str:
+    """nvdisasm names branch targets by label (``BRA `(.L_x_3)``); each becomes the address of the instruction
+    the label stands before (``BRA 0x1f70``), as cuobjdump prints them and ``parse_sass`` reads them."""
+    addrs, pending = {}, []
+    for raw in text.splitlines():
+        label = _LABEL_DEF.match(raw)
+        if label:
+            pending.append(label.group(1))
+            continue
+        a = _ADDR.search(raw)
+        if a and pending:
+            addrs.update(dict.fromkeys(pending, a.group(1)))
+            pending = []
+    return _LABEL_USE.sub(lambda m: "0x" + addrs[m.group(1)] if m.group(1) in addrs else m.group(0), text)
 
 
 def resource_usage(cubin: bytes) -> dict:
@@ -121,7 +138,7 @@ def line_chains(text: str) -> dict[int, tuple]:
             continue
         if in_group:
             current, in_group = tuple(group), False
-        a = re.search(r"/\*([0-9a-f]{4,})\*/", raw)
+        a = _ADDR.search(raw)
         if a:
             chains[int(a.group(1), 16)] = current
     return chains

@@ -10,17 +10,14 @@ imported in compiled mode) test_triton_attention.py's ``test_kernels_in_subproce
 """
 from __future__ import annotations
 
-import os
-import sys
 
 import entmax
 import pytest
 import torch
 
+from helpers import interpreter
 
-_PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-if not _PRELOADED:
-    os.environ["TRITON_INTERPRET"] = "1"
+_PRELOADED = interpreter.choose()  # before Triton's first import: see helpers/interpreter.py
 import triton  # noqa: E402,F401
 from backbones import triton_attention as ta, triton_plan as tp  # noqa: E402
 

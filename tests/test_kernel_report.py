@@ -173,6 +173,22 @@ def test_sass_counts_exp_loop():
     assert row["cycles"]["mufu"] == (8 + outside) * 128 / 16
 
 
+@compiled
+@pytest.mark.slow
+def test_one_listing_reads_as_cuobjdump_prints_it():
+    """The records read instructions from nvdisasm's listing (the one with source lines), its branch labels
+    resolved to addresses. Reference: ``cuobjdump -sass`` of the same cubin (it prints the addresses itself), on a
+    kernel with a loop (a conditional back edge and the exit branch)."""
+    from kernel_model.compiler import _attrs, _compile
+    kl = _launch(_exp_loop, {"X": "*fp32", "Y": "*fp32", "N": "i32"}, {"BLOCK": 128})
+    cubin = _compile(kl, "sm_90", _attrs(kl, {"N": 1000}))[0].asm["cubin"]
+    listing = sass.nvdisasm_lines(cubin)
+    assert "`(.L_x_" in listing  # labels, not addresses
+    ref = sass.parse_sass(sass._run_on_cubin(cubin, [str(sass.tool("cuobjdump")), "-sass"]))
+    got = sass.parse_sass(sass.resolve_labels(listing))
+    assert got == ref and any(i.base == "BRA" and i.target >= 0 and i.cond for i in ref)
+
+
 _LOOP_LINE = next(i for i, line in enumerate(Path(__file__).read_text().splitlines(), 1)
                   if "for start in range(0, n_items, BLOCK)" in line)
 

@@ -19,11 +19,9 @@ import entmax
 import pytest
 import torch
 
-from helpers import procs
+from helpers import interpreter, procs
 
-_PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-if not _PRELOADED:
-    os.environ["TRITON_INTERPRET"] = "1"
+_PRELOADED = interpreter.choose()  # before Triton's first import: see helpers/interpreter.py
 import triton  # noqa: E402,F401  (a dependency of torch on Linux x86_64: missing = an error, not a skip)
 from backbones import triton_attention as ta  # noqa: E402
 

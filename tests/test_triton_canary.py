@@ -9,8 +9,6 @@ imported: when the suite already imported Triton in compiled mode, test_triton_a
 """
 from __future__ import annotations
 
-import os
-import sys
 import timeit
 import warnings
 
@@ -18,10 +16,9 @@ import entmax
 import pytest
 import torch
 
+from helpers import interpreter
 
-_PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-if not _PRELOADED:
-    os.environ["TRITON_INTERPRET"] = "1"
+_PRELOADED = interpreter.choose()  # before Triton's first import: see helpers/interpreter.py
 import triton  # noqa: E402,F401
 from backbones import canary  # noqa: E402
 from backbones import triton_attention as ta  # noqa: E402
