@@ -4,12 +4,12 @@ Triton reads ``TRITON_INTERPRET`` once, when it is first imported. A file calls 
 
 ```python
 from helpers import interpreter
-ELSEWHERE = interpreter.choose()   # True: Triton already imported in compiled mode (the full suite)
+_PRELOADED = interpreter.choose()   # True: Triton already imported in compiled mode (the full suite)
 import triton
 ```
 
-``ELSEWHERE`` true: the file's kernel tests are ``runs_elsewhere`` (test_triton_attention's ``test_kernels_in_subprocess``
-runs them under the interpreter in a fresh process).
+``_PRELOADED`` true: the file's kernel tests are ``runs_elsewhere``; test_triton_attention's
+``test_kernels_in_subprocess`` runs them under the interpreter in a fresh process.
 """
 from __future__ import annotations
 
