@@ -21,8 +21,7 @@ _PRELOADED = interpreter.choose()  # before Triton's first import: see helpers/i
 import triton  # noqa: E402,F401
 from backbones import triton_attention as ta, triton_plan as tp  # noqa: E402
 
-here = pytest.mark.runs_elsewhere(_PRELOADED, reason="Triton already imported in compiled mode: test_triton_"
-                                  "attention.py::test_kernels_in_subprocess runs these under the interpreter")
+here = interpreter.kernel_tests(_PRELOADED)
 _REF = {"entmax15": entmax.entmax15, "sparsemax": entmax.sparsemax}
 
 

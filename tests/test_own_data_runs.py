@@ -86,17 +86,16 @@ def test_analyses_run_on_a_folder(fixtures_root, tmp_path):
 
 @pytest.mark.timeout(900)
 @pytest.mark.slow
-def test_folder_pretraining_learns(tmp_path):
+def test_folder_pretraining_learns(tmp_path, demo_data):
     """DATA=folder on the demo's training images (no labels read), the demo preset for 8 steps: the teacher's
     k-NN top-1 on held-out demo images, computed here as DINO's eval_knn, beats its exact starting weights (the
     demo test's check, tests/test_pretrain_cli.py, stopped after 8 of its 25 steps). Measured: 79.75 -> 81.25 after 8 steps
     (+1.5, 6 of 400 images), 83.50 after 20; the folder's sorted index gives the demo run's exact batches."""
     from backbones import backbone_from_checkpoint, create_vit
-    from datamodules.demo import ensure_demo_data
     from lightning_modules.pretrain import main
     from test_pretrain_cli import _ckpt, _demo_split, _knn_top1
 
-    root = ensure_demo_data()
+    root = demo_data
     start = tmp_path / "start.pt"
     demo = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/pretrain/demo.yaml").read_text())
     cbs = [c for c in demo["trainer"]["callbacks"] if c["class_path"].endswith("ModelCheckpoint")]

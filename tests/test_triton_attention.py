@@ -26,8 +26,7 @@ import triton  # noqa: E402,F401  (a dependency of torch on Linux x86_64: missin
 from backbones import triton_attention as ta  # noqa: E402
 
 _REF = {"entmax15": entmax.entmax15, "sparsemax": entmax.sparsemax}
-kernel = pytest.mark.runs_elsewhere(_PRELOADED, reason="Triton already imported in compiled mode: "
-                                    "test_kernels_in_subprocess runs these under the interpreter")
+kernel = interpreter.kernel_tests(_PRELOADED)
 
 
 # every file whose kernel tests need the interpreter: one process for all (each start imports torch and Triton)

@@ -24,8 +24,7 @@ from backbones import canary  # noqa: E402
 from backbones import triton_attention as ta  # noqa: E402
 from backbones import triton_kernels as tk  # noqa: E402
 
-kernel = pytest.mark.runs_elsewhere(_PRELOADED, reason="Triton already imported in compiled mode: test_triton_"
-                                    "attention.py::test_kernels_in_subprocess runs these under the interpreter")
+kernel = interpreter.kernel_tests(_PRELOADED)
 
 
 @pytest.fixture(autouse=True)

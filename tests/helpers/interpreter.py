@@ -6,6 +6,7 @@ Triton reads ``TRITON_INTERPRET`` once, when it is first imported. A file calls 
 from helpers import interpreter
 _PRELOADED = interpreter.choose()   # True: Triton already imported in compiled mode (the full suite)
 import triton
+kernel = interpreter.kernel_tests(_PRELOADED)   # the mark of the tests that launch kernels
 ```
 
 ``_PRELOADED`` true: the file's kernel tests are ``runs_elsewhere``; test_triton_attention's
@@ -16,6 +17,8 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
+
 
 def choose() -> bool:
     """Select the interpreter for this process unless Triton is already imported in compiled mode (then True)."""
@@ -24,6 +27,12 @@ def choose() -> bool:
     os.environ["TRITON_INTERPRET"] = "1"
     _patch_once_per_launch()
     return False
+
+
+def kernel_tests(preloaded: bool):
+    """The mark of a file's kernel tests: deselected (``runs_elsewhere``) when Triton is already compiled-mode."""
+    return pytest.mark.runs_elsewhere(preloaded, reason="Triton already imported in compiled mode: test_triton_"
+                                      "attention.py::test_kernels_in_subprocess runs these under the interpreter")
 
 
 def _patch_once_per_launch() -> None:

@@ -17,8 +17,8 @@ import sys
 
 import pytest
 
-# fixtures that train, compile or spawn (conftest.py's shared entmax_run, test_supervised, test_supervised_cli,
-# test_gpu_check, test_kernel_report): a test using one is slow without saying so
+# fixtures that train, compile or spawn (conftest.py's shared entmax_run and demo_data, test_supervised,
+# test_supervised_cli, test_gpu_check, test_kernel_report): a test using one is slow without saying so
 SLOW_FIXTURES = frozenset({"entmax_run", "trained", "lastvit_run", "rehearsal", "reports", "demo_data"})
 
 _running: list = []  # the item whose setup, call or teardown runs now (a stack: pytester nests sessions)
