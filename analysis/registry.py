@@ -22,6 +22,15 @@ from .tasks import (extract_attention, extract_norms, extract_pca, extract_pib, 
 from .votes import check_votes, extract_votes, finish_votes
 
 
+def _own_cli(*_args, **_kw):
+    raise RuntimeError("this analysis runs through its own command line (Analysis.cli), not the two stages")
+
+
+def calibration_main(argv=None) -> dict:
+    from .calibration import main  # imported on use: it pulls in the probes
+    return main(argv)
+
+
 @dataclass(frozen=True)
 class Analysis:
     name: str
@@ -33,6 +42,7 @@ class Analysis:
     needs_boxes: bool = False
     voc_image_set: Optional[str] = None  # VOC image set used unless --image-set (None: the loader's default)
     check: Optional[Callable] = None  # (model) -> None, raises before any process is spawned
+    cli: Optional[Callable] = None  # (argv) -> results: an analysis with a command line of its own (calibration)
 
     def runner(self, model, samples, run, opts) -> dict:
         """Both stages in this process."""
@@ -54,12 +64,15 @@ ANALYSES: dict[str, Analysis] = {a.name: a for a in [
              voc_image_set="Main"),
     Analysis("votes", extract_votes, finish_votes, "share_of_votes_in_box", needs_boxes=True,
              check=check_votes),  # LaSt-ViT vote maps
+    # the diffusion dial swept over every dense measure (analysis/calibration.py: its own flags and passes)
+    Analysis("calibration", _own_cli, _own_cli, "measures", split="train+val", cli=calibration_main),
 ]}
-TASKS = tuple(ANALYSES)
+TASKS = tuple(n for n, a in ANALYSES.items() if a.cli is None)  # the two-stage analyses (extract, finish)
+OWN_CLI_TASKS = tuple(n for n, a in ANALYSES.items() if a.cli is not None)  # calibration
 
 
 def get_analysis(name: str) -> Analysis:
     if name not in ANALYSES:
-        raise SystemExit(f"unknown or missing --task '{name}'. Valid tasks: {', '.join(TASKS)} "
+        raise SystemExit(f"unknown or missing --task '{name}'. Valid tasks: {', '.join(TASKS + OWN_CLI_TASKS)} "
                          "(e.g. make analyze TASK=pib VARIANT=entmax)")
     return ANALYSES[name]

@@ -70,6 +70,14 @@ COLUMNS: list[Column] = [
     Column("kitti_rmse", "KITTI RMSE", "probe", "kitti", lambda m, r: _get(m, "rmse"), True, 4),
     Column("seg_miou", "own seg mIoU", "probe", "seg", lambda m, r: _get(m, "mIoU")),  # DATA=custom_seg
     Column("depth_rmse", "own depth RMSE", "probe", "depth", lambda m, r: _get(m, "rmse"), True, 4),  # custom_depth
+    Column("davis_jf", "DAVIS-2017 J&F", "probe", "davis", lambda m, r: _get(m, "J&F-Mean")),  # label propagation
+    Column("davis_j", "DAVIS-2017 J", "probe", "davis", lambda m, r: _get(m, "J-Mean")),
+    Column("davis_f", "DAVIS-2017 F", "probe", "davis", lambda m, r: _get(m, "F-Mean")),
+    Column("roxford5k_map_m", "ROxford mAP M", "probe", "roxford5k", lambda m, r: _get(m, "mAP", "M")),
+    Column("roxford5k_map_h", "ROxford mAP H", "probe", "roxford5k", lambda m, r: _get(m, "mAP", "H")),
+    Column("rparis6k_map_m", "RParis mAP M", "probe", "rparis6k", lambda m, r: _get(m, "mAP", "M")),
+    Column("rparis6k_map_h", "RParis mAP H", "probe", "rparis6k", lambda m, r: _get(m, "mAP", "H")),
+    Column("copydays_map", "Copydays strong mAP", "probe", "copydays", lambda m, r: _get(m, "mAP", "strong")),
     Column("pib_imagenet", "PiB ImageNet ([CLS])", "analysis", "pib", lambda m, r: _get(m, "pib"),
            datasets=("imagenet",)),
     Column("pib_voc", "PiB VOC ([CLS])", "analysis", "pib", lambda m, r: _get(m, "pib"), datasets=("voc", "demo")),
@@ -105,6 +113,8 @@ PAPER_ROWS: list[dict[str, Any]] = [
     {"row": "paper: DINO-v1 + LaSt (LaSt-ViT paper)", "group": "lastvit_dino", "pib_imagenet": 69.7},
     {"row": "paper: ViT-B/16 supervised baseline (LaSt-ViT paper)", "group": "lastvit_b16", "pib_imagenet": 42.7},
     {"row": "paper: ViT-B/16 supervised + LaSt (LaSt-ViT paper)", "group": "lastvit_b16", "pib_imagenet": 55.1},
+    {"row": "paper: DINO ViT-S/16, DAVIS-2017 val (DINO paper)", "group": "dino_davis", "davis_jf": 61.8,
+     "davis_j": 60.2, "davis_f": 63.4},
 ]
 PAPER_NOTES = [
     "Entmax paper, depth: NYUv2 / SUN RGB-D / KITTI RMSE 0.004-0.005 lower with entmax-1.5 than the CLS baseline "
@@ -309,6 +319,8 @@ def main(argv=None) -> Path:
     md = markdown(table, papers, written, runs, args.baseline)
     from .report_supervised import supervised_section  # label-supervised runs + LAST-ViT reference rows
     md += "\n".join(supervised_section(runs)) + "\n"
+    from .calibration import calibration_section  # the diffusion dial's responses, blind measures marked
+    md += "\n".join(calibration_section(found)) + "\n"
     with atomic_write(out / "report.md", "w") as f:
         f.write(md)
     write_csv(table, papers, out / "report.csv")

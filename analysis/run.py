@@ -7,13 +7,17 @@ results.json}`` plus TensorBoard events in the same folder. results.json: the on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
 
 import torch
 
 from datamodules.demo import is_demo
-from tokenmix.cli import eval_parent_parser, finish_eval_args
+from tokenmix.cli import BackboneFlags, Launch, eval_parent_parser, finish_eval_args
 from tokenmix.launch import global_rank
 from tokenmix.precision import device_line
 from tokenmix.results import backbone_entry
@@ -51,64 +55,107 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    args = build_parser().parse_args(argv)
-    get_analysis(args.task.strip())  # an unknown task fails before anything loads
-    # num_nodes > 1 without a cluster launcher is refused here, before any spawn
-    finish_eval_args(args, demo=is_demo(args.data))
-    if args.ckpt == "pixels":
-        raise ValueError("--ckpt pixels: the analyses need a ViT (tokens, attention); use a checkpoint or 'random'")
-    return args
+@dataclass(frozen=True)
+class AnalysisConfig:
+    """Everything one ``make analyze`` reads, typed and resolved once from the flags (``make_config``)."""
+    analysis: Analysis
+    backbone: BackboneFlags
+    checkpoint: Optional[Path]  # the file --ckpt names (None: random), found once before the data
+    seed: int
+    data: str
+    data_root: str
+    split: str                  # --split, else the analysis' own
+    dataset_kw: dict[str, str]  # image_set / boxes of the dataset (open_dataset)
+    max_images: int             # 0 = all
+    name: str                   # --name: the run folder / report row ('' = the backbone's run name)
+    launch: Launch              # --device's accelerator x --devices x --num-nodes
+    tensorboard: bool
+    options: Options            # crop / resize 0: the backbone's (``options``)
+    record: dict[str, Any]      # the resolved flags, as results.json's config records them
 
 
-def open_data(args, a: Analysis):
-    """The dataset of the analysis: --split / --image-set / --boxes, else the analysis' defaults."""
+def dataset_kw(f: argparse.Namespace, a: Analysis, data: str) -> dict[str, str]:
+    """--image-set / --boxes, else the analysis' VOC image set."""
     kw = {}
-    if args.image_set:
-        kw["image_set"] = args.image_set
-    elif a.voc_image_set and args.data.startswith("voc"):
+    if f.image_set:
+        kw["image_set"] = f.image_set
+    elif a.voc_image_set and data.startswith("voc"):
         kw["image_set"] = a.voc_image_set
-    if args.boxes:
-        kw["boxes"] = args.boxes
-    return open_dataset(args.data, args.data_root, args.split or a.split, boxes=a.needs_boxes, **kw)
+    if f.boxes:
+        kw["boxes"] = f.boxes
+    return kw
 
 
-def options(args, model) -> Options:
-    crop = args.crop or int(model.patch_embed.img_size[0])
-    return Options(crop=crop, resize=args.resize or default_resize(crop), batch_size=args.batch_size,
-                   num_vis=args.num_vis, fg_threshold=args.fg_threshold, lost_features=args.lost_features,
-                   k_patches=args.k_patches, device=args.device,
-                   pib_subset=args.pib_subset or ("single_small" if args.data == "imagenet" else "all"),
-                   pib_rule=args.pib_rule, interpolation="bilinear" if args.task.strip() == "pib" else "bicubic")
+def make_config(f: argparse.Namespace) -> AnalysisConfig:
+    """The run's config from the parsed flags; the analysis is looked up first (an unknown task fails before
+    anything loads) and a multi-node run without a cluster launcher is refused before any spawn."""
+    from probes.backbone import checkpoint_path
+    a = get_analysis(f.task.strip())
+    ev = finish_eval_args(f, demo=is_demo(f.data), accelerator="gpu" if str(f.device).startswith("cuda") else "cpu")
+    b = ev.backbone
+    if b.ckpt == "pixels":
+        raise ValueError("--ckpt pixels: the analyses need a ViT (tokens, attention); use a checkpoint or 'random'")
+    opts = Options(crop=f.crop, resize=f.resize, batch_size=f.batch_size, num_vis=f.num_vis,
+                   fg_threshold=f.fg_threshold, lost_features=f.lost_features, k_patches=f.k_patches, device=f.device,
+                   pib_subset=f.pib_subset or ("single_small" if ev.data == "imagenet" else "all"),
+                   pib_rule=f.pib_rule, interpolation="bilinear" if a.name == "pib" else "bicubic")
+    record = {**vars(f), "variant": b.variant, "ckpt": b.ckpt, "data": ev.data, "arch": b.arch,
+              "num_nodes": ev.launch.num_nodes}
+    return AnalysisConfig(a, b, checkpoint_path(b.ckpt, b.variant), f.seed, ev.data, ev.data_root,
+                          f.split or a.split, dataset_kw(f, a, ev.data),
+                          a.max_images if f.max_images < 0 else f.max_images, f.name, ev.launch,
+                          not f.no_tensorboard, opts, record)
+
+
+def parse_args(argv=None) -> AnalysisConfig:
+    """The command line -> the run's ``AnalysisConfig``."""
+    return make_config(build_parser().parse_args(argv))
+
+
+def options(opts: Options, model) -> Options:
+    """``opts`` with crop / resize 0 resolved: the backbone's image size, and crop * 256/224."""
+    crop = opts.crop or int(model.patch_embed.img_size[0])
+    return dataclasses.replace(opts, crop=crop, resize=opts.resize or default_resize(crop))
 
 
 def main(argv=None) -> dict:
-    from probes.backbone import checkpoint_path, resolve_backbone
-    args = parse_args(argv)
-    a = get_analysis(args.task.strip())
-    world = world_size(args)
-    checkpoint_path(args.ckpt, args.variant)  # a wrong CKPT fails before the data is opened (or generated),
-    dataset = open_data(args, a)  # and a wrong DATA_ROOT before a large checkpoint is read
-    info = resolve_backbone(args.ckpt, args.variant, args.arch, 16, seed=args.seed, which=args.which)
+    from probes.trainer import lightning_console
+    own = get_analysis(build_parser().parse_known_args(argv)[0].task.strip()).cli
+    if own is not None:  # an analysis with flags of its own (calibration: analysis/calibration.py)
+        return own(argv)
+    cfg = parse_args(argv)
+    with lightning_console():  # Lightning's banner once, no advertisements
+        return run(cfg)
+
+
+def run(cfg: AnalysisConfig) -> dict:
+    """One analysis of ``cfg``: results.json, figures and TensorBoard events in a fresh version folder."""
+    from probes.backbone import resolve_backbone
+    a, b = cfg.analysis, cfg.backbone
+    world = world_size(cfg.launch)
+    # a wrong CKPT failed in parse_args, before the data is opened (or generated); a wrong DATA_ROOT fails here,
+    # before a large checkpoint is read
+    dataset = open_dataset(cfg.data, cfg.data_root, cfg.split, boxes=a.needs_boxes, **cfg.dataset_kw)
+    info = resolve_backbone(b.ckpt, b.variant, b.arch, 16, seed=cfg.seed, which=b.which.value, path=cfg.checkpoint)
     if a.check is not None:
         a.check(info.model)
-    model = info.model.eval().to(args.device if world == 1 else "cpu")  # DDP: Lightning places each rank's copy
+    device = cfg.options.device
+    model = info.model.eval().to(device if world == 1 else "cpu")  # DDP: Lightning places each rank's copy
     if global_rank() == 0:
-        print(f"[analysis] {device_line(args.device)}", flush=True)  # GPU + bf16 autocast, or CPU fp32
+        print(f"[analysis] {device_line(device)}", flush=True)  # GPU + bf16 autocast, or CPU fp32
     # the run folder is named after what the checkpoint really is (a CKPT's recorded variant wins over VARIANT)
-    label = args.name or info.run_name
-    opts = options(args, model)
-    max_images = a.max_images if args.max_images < 0 else args.max_images
-    records = extract_sharded(a.extract, model, dataset, max_images, opts, args) if world > 1 else None
+    label = cfg.name or info.run_name
+    opts = options(cfg.options, model)
+    records = extract_sharded(a.extract, model, dataset, cfg.max_images, opts, cfg.launch) if world > 1 else None
     if world > 1 and records is None:
         return {}  # not rank 0: it took part in the extraction; rank 0 computes and writes
-    run = AnalysisRun(label, a.name, tensorboard=not args.no_tensorboard)
+    run = AnalysisRun(label, a.name, tensorboard=cfg.tensorboard)
     try:
         numbers = (a.finish(model, records, run, opts) if records is not None
-                   else a.runner(model, iter_samples(dataset, max_images), run, opts))
-        config = {**vars(args), "split": args.split or a.split, "max_images": max_images, "crop": opts.crop,
-                  "resize": opts.resize, "interpolation": opts.interpolation, "data_root": args.data_root or None}
-        out = run.write_results(task=a.name, variant=label, data=args.data, metrics=numbers, config=config,
+                   else a.runner(model, iter_samples(dataset, cfg.max_images), run, opts))
+        config = {**cfg.record, "split": cfg.split, "max_images": cfg.max_images, "crop": opts.crop,
+                  "resize": opts.resize, "interpolation": opts.interpolation, "data_root": cfg.data_root or None}
+        out = run.write_results(task=a.name, variant=label, data=cfg.data, metrics=numbers, config=config,
                                 backbone=backbone_entry(info.config, info.checkpoint, info.sha256, info.source))
     finally:
         run.close()

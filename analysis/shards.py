@@ -24,6 +24,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from tokenmix.cli import Launch
 from tokenmix.launch import count_devices, ddp_strategy
 from tokenmix.precision import inference_autocast
 
@@ -115,13 +116,9 @@ def as_float(record):
 
 # --------------------------------------------------------------------------- several processes
 
-def world_size(args) -> int:
+def world_size(launch: Launch) -> int:
     """Processes of the run (devices x nodes), from flags ``tokenmix.cli.finish_eval_args`` has checked."""
-    return count_devices(accelerator(args), args.devices) * int(args.num_nodes)
-
-
-def accelerator(args) -> str:
-    return "gpu" if str(args.device).startswith("cuda") else "cpu"
+    return count_devices(launch.accelerator, launch.devices) * int(launch.num_nodes)
 
 
 def _sample(dataset, i: int) -> Sample | None:
@@ -167,17 +164,18 @@ def _module(extract: Callable, model, dataset, n: int, opts: Options):
     return ShardedExtraction()
 
 
-def extract_sharded(extract: Callable, model, dataset, max_images: int, opts: Options, args) -> list[dict] | None:
+def extract_sharded(extract: Callable, model, dataset, max_images: int, opts: Options,
+                    launch: Launch) -> list[dict] | None:
     """``extract`` over the first ``max_images`` (0 = all) images of ``dataset`` with Lightning DDP on
-    ``args.devices`` x ``args.num_nodes`` processes: the merged records on rank 0, None on the other ranks."""
+    ``launch.devices`` x ``launch.num_nodes`` processes: the merged records on rank 0, None on the other ranks."""
     import warnings
 
     import lightning as L
 
     n = len(dataset) if not max_images else min(len(dataset), int(max_images))
-    acc = accelerator(args)
-    trainer = L.Trainer(accelerator=acc, devices=args.devices, num_nodes=args.num_nodes,
-                        strategy=ddp_strategy("auto", acc, args.devices, args.num_nodes, args.dist_timeout),
+    acc = launch.accelerator
+    trainer = L.Trainer(accelerator=acc, devices=launch.devices, num_nodes=launch.num_nodes,
+                        strategy=ddp_strategy("auto", acc, launch.devices, launch.num_nodes, launch.dist_timeout),
                         use_distributed_sampler=False, logger=False, enable_checkpointing=False,
                         enable_model_summary=False, enable_progress_bar=False)
     module = _module(extract, model, dataset, n, opts)

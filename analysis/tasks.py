@@ -18,7 +18,7 @@ from tokenmix.pca import pca_fit, pca_rgb
 from .patch_score import patch_scores, pib_hits, single_small_object
 from .shards import Options, batches, pct, run_local, vis_lists
 
-__all__ = ["Options", "run_pib", "run_pca", "run_norms", "run_attention", "run_corloc"]
+__all__ = ["Options", "run_pib", "run_corloc"]
 
 
 # --------------------------------------------------------------------------- Patch Score / Point-in-Box
@@ -283,7 +283,4 @@ def _in_one_process(extract, finish):
 
 
 run_pib = _in_one_process(extract_pib, finish_pib)
-run_pca = _in_one_process(extract_pca, finish_pca)
-run_norms = _in_one_process(extract_norms, finish_norms)
-run_attention = _in_one_process(extract_attention, finish_attention)
 run_corloc = _in_one_process(extract_corloc, finish_corloc)

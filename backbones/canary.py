@@ -19,22 +19,8 @@ of the process, and :func:`outcomes` (written to summary.json by the run summary
 ``TOKENMIX_TRITON_CANARY=off`` skips the checks. Fake tensors (FakeTensorMode, ``torch.compile``'s tracing) are
 not checked: their values do not exist (a compiled run's canary is the eager first call, not the graph's).
 
-Cost (predicted for the paper preset: ViT-S/16, 64 images per GPU, 2 x 224 px + 10 x 96 px crops, 16-mixed, one
-H100). A step's work per GPU: ViT-S/16 is 9.2 GFLOP per 224 px forward (timm: 4.6 GMACs), 1.7 per 96 px crop
-(37 of 197 tokens); student 2 x 9.2 + 10 x 1.7 = 35.6 forward, x 3 with the backward = 107, teacher 2 x 9.2 = 18,
-so 125 GFLOP per image x 64 = 8.0 TFLOP: 20 ms at 40 % of the H100's 989 TFLOP/s (bf16/fp16 dense). A run meets
-at most 8 combinations: N in {197, 37}, and N = 1 where the last block attends from the CLS token only, x {student
-with gradient, teacher without} (the teacher sees 197 tokens only).
-- Every call after a combination's first: a key (dtype, N, M, normaliser, gradient) and one dictionary lookup,
-  host time only (no sync: it overlaps the GPU's work). Measured 0.32 us per call (best of 7 x 5,000) on the
-  shared 2-core test host (``test_a_known_combination_costs_a_lookup`` bounds it at 2 us), x 36 attention calls
-  per step (12 layers x {student global, student local, teacher global}) = 11.5 us per step: 11.5 us / 20 ms =
-  0.06 % <= 0.1 % (and that only if the host, not the GPU, bounds the step).
-- Once per combination: the kernels on 16 rows x 1 (b, h) slice (~4 latency-bound launches, ~10 us each), the fp32
-  reference on 16 x M scores with its autograd (~0.3 ms) and a few ``.item()`` syncs: ~1 ms, x 8 = ~8 ms once
-  per process = 8 ms / (125,100 steps x 20 ms) = 3e-6 of a 100-epoch run; plus one compile of the
-  pass-counting kernel variant (COUNT=True) per combination, ~2 s on a GPU, in the first step only, like the
-  other kernels' own compiles.
+Cost: a dictionary lookup per call once a combination is known, a few milliseconds once per combination (at
+most 8 in a run): far below 0.1 % of a paper-preset run (docs/performance.md, "The Triton canary: its cost").
 """
 from __future__ import annotations
 

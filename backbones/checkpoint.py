@@ -16,7 +16,8 @@ Every file is read once (``read_checkpoint``): its bytes are hashed (sha256) and
 (e) other projects' ViTs: a plain state dict or ``{"model": state dict}`` (DeiT, MAE releases) in timm's keys, the
     DINOv2 torch.hub layout (and its training checkpoints: ``{"model": {"teacher.backbone.*"}}``,
     ``{"teacher": {"backbone.*"}}``), or a timm model's weights (``.pth`` or ``.safetensors``) with its timm name
-    (``read_checkpoint(path, arch="vit_small_patch14_reg4_dinov2")``).
+    (``read_checkpoint(path, arch="vit_small_patch14_reg4_dinov2")``). Without a recorded config, what the keys
+    decide beyond the shapes is ``foreign.layout_config``'s (MAE's ``fc_norm`` without ``norm``: ``global_pool``).
 Foreign keys become ours in ``backbones/foreign.py`` (``filter_state_dict``: one filter, as timm's
 ``checkpoint_filter_fn``), which refuses an unknown layout naming its keys and the layouts known.
 A classifier ``head.*`` is loaded only into a model built with ``num_classes``; a backbone without a head
@@ -41,7 +42,7 @@ import torch
 from tokenmix.io import CheckpointError, read_file_bytes, safe_torch_load
 
 from .config import ARCHS, BackboneConfig
-from .foreign import filter_state_dict, timm_config
+from .foreign import filter_state_dict, layout_config, timm_config
 from .vit import TokenMixViT, create_vit
 
 ENTRY = "tokenmix"  # checkpoint[ENTRY]: what this project writes beside the weights
@@ -272,7 +273,8 @@ def read_checkpoint(path: str | Path, which: str = "teacher", arch: Optional[str
     if config is None and named is not None:
         config = BackboneConfig.from_dict(named, f"{path} (timm model {arch})")
     if config is None:
-        config = BackboneConfig.from_dict(infer_config(sd), f"{path} (inferred from shapes)")
+        config = BackboneConfig.from_dict({**infer_config(sd), **layout_config(layout, sd)},
+                                          f"{path} (inferred from shapes)")
     return BackboneCheckpoint(path, sha256, sd, config, recorded, entry, progress, layout)
 
 
@@ -290,14 +292,17 @@ def infer_config(sd: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     except KeyError as e:
         raise CheckpointError(f"not a ViT state dict: missing {e}") from e
     depth = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks."))
-    for name, a in ARCHS.items():
-        if (a["embed_dim"], a["depth"], a["patch_size"]) == (dim, depth, patch):
-            break
-    else:
-        raise CheckpointError(f"no known arch with embed_dim={dim}, depth={depth}, patch={patch}; "
+    # the width picks the arch, for its heads (the one shape a state dict does not show: one count per width in
+    # ARCHS); the patch, depth and table size are the file's, recorded where they differ from the arch's
+    name = max((n for n, a in ARCHS.items() if a["embed_dim"] == dim), default=None,
+               key=lambda n: (ARCHS[n]["patch_size"] == patch, ARCHS[n]["depth"] == depth))
+    if name is None:
+        raise CheckpointError(f"no known arch of width embed_dim={dim} (patch {patch}, depth {depth}); "
                               f"known: {', '.join(ARCHS)}. For a timm model's weights give its timm name "
                               "(--arch <name>: read_checkpoint(path, arch=name))")
+    a = ARCHS[name]
     config: dict[str, Any] = {"arch": name, "variant": "softmax"}
+    config.update({k: v for k, v in (("patch_size", patch), ("depth", depth)) if v != a[k]})
     fc1 = sd.get("blocks.0.mlp.fc1.weight")
     if fc1 is not None and fc1.shape[0] != 4 * dim:
         raise CheckpointError(f"MLP width {fc1.shape[0]} is not 4 x {dim}: not a ViT the tokenmix backbone builds")

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Optional
 
 from tokenmix.io import CheckpointError
 
-from .variants import parse_variant
+from .variants import Strategy, parse_variant
 
 # name -> ViT shape. All: mlp_ratio 4, qkv_bias, LayerNorm eps 1e-6 (DINO's vision_transformer.py).
 ARCHS: dict[str, dict[str, int]] = {
@@ -36,7 +36,7 @@ ARCHS: dict[str, dict[str, int]] = {
     "vit_test_patch8": dict(patch_size=8, embed_dim=32, depth=2, num_heads=2, img_size=32),
 }
 SHAPE_FIELDS = ("img_size", "patch_size", "embed_dim", "depth", "num_heads")
-POS_INTERP = (None, "timm")  # TokenMixViT.interpolate_pos_encoding
+POS_INTERP = (None, "timm", "dinov2_reg")  # TokenMixViT.interpolate_pos_encoding
 _SEQUENCES = ("spec_blocks", "spec_components", "spec_norm_blocks", "spec_qkv_blocks")
 
 
@@ -63,7 +63,8 @@ class BackboneConfig:
     alpha: Optional[float] = None                        # entmax_bisect
     bisect_iters: Optional[int] = None
     init_values: Optional[float] = None                  # LayerScale (ls1/ls2.gamma: DINOv2, DeiT III); its init
-    pos_interp: Optional[str] = None                     # position-embedding resampling: None = DINO's, "timm"
+    pos_interp: Optional[str] = None                     # position-table resampling: None (DINO), "timm", "dinov2_reg"
+    global_pool: Optional[bool] = None                   # MAE's: [CLS] output = fc_norm(mean patch token), no norm
     num_classes: int = 0                                 # classifier head (label-supervised); 0: features only
 
     def __post_init__(self) -> None:
@@ -72,6 +73,12 @@ class BackboneConfig:
         object.__setattr__(self, "variant", parse_variant(self.variant).name)  # ValueError naming the valid ones
         if self.pos_interp not in POS_INTERP:
             raise ValueError(f"pos_interp must be one of {POS_INTERP}, got {self.pos_interp!r}")
+        if self.global_pool not in (None, False, True):
+            raise ValueError(f"global_pool must be true or false, got {self.global_pool!r}")
+        if not self.global_pool:  # off is None: not written, so configs without the field read back equal
+            object.__setattr__(self, "global_pool", None)
+        elif parse_variant(self.variant).strategy is Strategy.LASTVIT:
+            raise ValueError("global_pool and lastvit both replace the [CLS] output: choose one")
         for name in _SEQUENCES:  # lists from YAML / checkpoints -> tuples (hashable, frozen)
             value = getattr(self, name)
             if value is not None:

@@ -12,7 +12,10 @@ Layouts (``LAYOUTS``), told apart by their keys:
   ``block_chunks`` (its training checkpoints) ``blocks.<chunk>.<N>.*``;
 - ``torchvision``: torchvision's ``VisionTransformer`` (plain, or inside detectron2's layout: the LaSt-ViT release).
 MAE's pretraining ``decoder_*`` and ``mask_token`` are dropped too; any other key is left for the strict load to
-name. A state dict in none of these layouts is refused, naming a few of its keys and the layouts known.
+name. A state dict in none of these layouts is refused, naming a few of its keys and the layouts known, and so are,
+by name, models whose output the tokenmix ViT does not compute (DeiT distilled).
+``layout_config``: what a file decides beyond the shapes (DINOv2 with registers: its hub's position-table rule; MAE
+fine-tuned with ``global_pool``: ``fc_norm`` of the mean patch token as the [CLS] output).
 
     sd, layout = filter_state_dict(torch.load("dinov2_vits14_reg4_pretrain.pth"))   # layout == "dinov2"
     timm_config("vit_small_patch14_reg4_dinov2")   # {'arch': 'vit_small_patch14', 'variant': 'registers', ...}
@@ -87,6 +90,7 @@ def filter_state_dict(sd: Mapping[str, Any], source: str = "checkpoint") -> tupl
             out[k] = v
     if unmapped:
         raise CheckpointError(f"{source}: torchvision ViT keys without a tokenmix counterpart: {unmapped[:10]}")
+    _refuse_other_outputs(out, source)
     n = out["pos_embed"].shape[1] if getattr(out.get("pos_embed"), "ndim", 0) == 3 else 0
     if n and int(n ** 0.5) ** 2 == n:  # no [CLS] entry (no_embed_class): [CLS] gets none, i.e. a zero one
         out["pos_embed"] = torch.cat([out["pos_embed"].new_zeros(1, 1, out["pos_embed"].shape[-1]),
@@ -95,6 +99,31 @@ def filter_state_dict(sd: Mapping[str, Any], source: str = "checkpoint") -> tupl
         raise CheckpointError(f"{source}: pos_embed of {n} entries is neither a square grid nor [CLS] + one; "
                               "only square position grids load")
     return out, layout
+
+
+def _refuse_other_outputs(sd: Mapping[str, Any], source: str) -> None:
+    """Files whose model outputs something the tokenmix ViT (one [CLS] or MAE's pooled output, see
+    ``layout_config``) does not compute, refused by name rather than by their keys alone."""
+    if "dist_token" in sd:
+        raise CheckpointError(f"{source}: a DeiT distilled model (dist_token, head_dist): a second prefix token "
+                              "with its own position, which the tokenmix ViT does not have. Load the "
+                              "non-distilled DeiT release (deit_*_patch16_224-*.pth) instead")
+
+
+def layout_config(layout: str, sd: Mapping[str, Any]) -> dict[str, Any]:
+    """``BackboneConfig`` fields that a file decides beyond the shapes (files without a recorded config):
+    - DINOv2 interpolates position tables by its hub's per-model rule (dinov2/hub/backbones.py, also its eval
+      configs ``*_reg4_pretrain.yaml``): the ``*_reg`` models with ``interpolate_antialias=True,
+      interpolate_offset=0``, the others with the defaults (antialias off, offset 0.1: DINO's rule). A DINOv2 file
+      has registers when it holds ``register_tokens`` (``reg_token`` once filtered);
+    - ``fc_norm.*`` without a final ``norm.*``: MAE fine-tuned with ``global_pool`` (its default; ``models_vit.py``
+      deletes ``norm`` and adds ``fc_norm``), whose output is ``fc_norm`` of the mean patch token."""
+    config: dict[str, Any] = {}
+    if layout == "dinov2" and "reg_token" in sd:
+        config["pos_interp"] = "dinov2_reg"
+    if "fc_norm.weight" in sd and "norm.weight" not in sd:
+        config["global_pool"] = True
+    return config
 
 
 def timm_config(name: str) -> dict[str, Any]:

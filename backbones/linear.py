@@ -1,11 +1,9 @@
 """The backbone's linear layers on oneDNN's fp32 GEMM on CPUs where MKL's sgemm under-performs.
 
 PyTorch computes a CPU fp32 ``nn.Linear`` (forward and both gradients) with MKL's sgemm, which picks its code
-path by CPU vendor: on the 2-core AMD EPYC (Zen 5, full-width AVX-512) it reaches ~200 GFLOP/s on ViT-S shapes,
-where oneDNN's GEMM, shipped in the same torch and dispatched on CPU features, reaches ~400 for the forward and
-the input gradient and ~300 for the weight gradient (docs/performance.md, "oneDNN linears"). Same fp32
-arithmetic in another summation order: results agree to fp32 rounding, not bit for bit
-(tests/test_linear_backend.py).
+path by CPU vendor and is the slower GEMM on non-Intel x86; oneDNN's GEMM, shipped in the same torch, dispatches
+on CPU features (figures: docs/performance.md, "oneDNN linears"). Same fp32 arithmetic in another summation
+order: results agree to fp32 rounding, not bit for bit (tests/test_linear_backend.py).
 
 ``backend`` (``TokenMixViT(linear_backend=...)``, a runtime choice like ``entmax_backend``: it does not change
 the weights, so ``BackboneConfig`` leaves it out; checkpoints record the resolved one beside it, see

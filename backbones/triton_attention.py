@@ -60,10 +60,10 @@ from torch import Tensor
 from . import canary
 from . import triton_kernels as tk
 from . import triton_plan as tp
-from .triton_plan import _DTYPES, KernelLaunch, interpreted, launch_plan
+from .triton_plan import _DTYPES, KernelLaunch, interpreted, kernel_launches
 
 triton = tk.triton
-__all__ = ["sparse_attention", "available", "interpreted", "launch_plan", "KernelLaunch", "threshold_passes",
+__all__ = ["sparse_attention", "available", "interpreted", "kernel_launches", "KernelLaunch", "threshold_passes",
            "check_launch_limits"]
 _MAX_GRID_Y = 65_535  # CUDA's gridDim.y limit: the kernels' second grid dimension is batch x heads
 _MAX_OFFSET = 2 ** 31 - 1  # the kernels compute element offsets (index x stride) in 32-bit integers

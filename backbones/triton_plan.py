@@ -1,6 +1,6 @@
 """The launch plan of the Triton attention kernels: which kernels a call launches, their block sizes, warps, stages
 and grids (``_plan``), read by the launcher (``backbones.triton_attention``) and, as :class:`KernelLaunch` records
-(``launch_plan``), by the static kernel model (``kernel_model``) and the tests. One block-size choice for both."""
+(``kernel_launches``), by the static kernel model (``kernel_model``) and the tests. One block-size choice for both."""
 from __future__ import annotations
 
 import functools
@@ -93,7 +93,7 @@ def _tiles(m: int) -> tuple[int, int, int]:
 def _plan(n: int, m: int, dtype: torch.dtype, d: int, dv: int, bh: int, entmax: bool, need_grad: bool,
           count: bool = False, deterministic: bool = False, arch: int = 90, single: bool | None = None):
     """(name, kernel, grid, constexprs, launch options) of every launch: the one block-size choice, used by
-    the launcher and by :func:`launch_plan`. The backward: FlashAttention-2's 5 GEMMs with atomic dQ, or
+    the launcher and by :func:`kernel_launches`. The backward: FlashAttention-2's 5 GEMMs with atomic dQ, or
     (``deterministic``) the two atomic-free kernels."""
     prec = _prec(dtype)
     cfg = _blocks(m, dtype, prec, need_grad, arch, entmax)
@@ -149,7 +149,7 @@ def _signature(fn, dtype: torch.dtype, constexprs: dict) -> dict[str, str]:
     return sig
 
 
-def launch_plan(n: int, dtype: torch.dtype, kind: str = "entmax15", head_dim: int = 64, bh: int = 384,
+def kernel_launches(n: int, dtype: torch.dtype, kind: str = "entmax15", head_dim: int = 64, bh: int = 384,
                 need_grad: bool = True, m: int | None = None, deterministic: bool | None = None,
                 arch: int = 90) -> list[KernelLaunch]:
     """The kernels the launcher runs for q of ``n`` rows and ``m`` (default n) keys, with the block sizes it
@@ -157,7 +157,7 @@ def launch_plan(n: int, dtype: torch.dtype, kind: str = "entmax15", head_dim: in
     H200). ``deterministic`` (default: torch's current ``torch.are_deterministic_algorithms_enabled()``, what the
     backward checks when it runs) picks the atomic-free backward."""
     if triton is None:
-        raise RuntimeError("launch_plan needs Triton")
+        raise RuntimeError("kernel_launches needs Triton")
     m = n if m is None else m
     det = torch.are_deterministic_algorithms_enabled() if deterministic is None else deterministic
     plan = _plan(n, m, dtype, head_dim, head_dim, bh, kind == "entmax15", need_grad, deterministic=det, arch=arch)

@@ -67,7 +67,7 @@ class TokenMixViT(VisionTransformer):
                  lastvit_k: int = 1, lastvit_sigma: Optional[float] = None, alpha: float = 1.5,
                  bisect_iters: int = 50, entmax_backend: str = DEFAULT_BACKEND, lastvit_reference: bool = False,
                  num_classes: int = 0, linear_backend: str = "auto", pos_interp: Optional[str] = None,
-                 **vit_kwargs: Any) -> None:
+                 global_pool: bool = False, **vit_kwargs: Any) -> None:
         spec = parse_variant(variant)
         rule = STRATEGY_RULES[spec.strategy]
         knobs = dict(num_registers=num_registers, lastvit_k=lastvit_k, lastvit_sigma=lastvit_sigma,
@@ -80,9 +80,12 @@ class TokenMixViT(VisionTransformer):
         vit_kwargs.setdefault("norm_layer", partial(nn.LayerNorm, eps=1e-6))
         attn = attention_layer(normalizer=spec.normalizer, alpha=alpha, bisect_iters=bisect_iters,
                                entmax_backend=entmax_backend)
-        super().__init__(num_classes=num_classes, global_pool="token", qkv_bias=True, mlp_ratio=4.0,
-                         dynamic_img_size=True, attn_layer=attn, **vit_kwargs)
+        # global_pool (MAE's): timm's "avg" makes `norm` an Identity and adds `fc_norm`, MAE's keys; the pooling
+        # itself is `_split`'s (timm's forward_head is not used)
+        super().__init__(num_classes=num_classes, global_pool="avg" if global_pool else "token", qkv_bias=True,
+                         mlp_ratio=4.0, dynamic_img_size=True, attn_layer=attn, **vit_kwargs)
         self.arch, self.variant, self.spec, self.pos_interp = arch, spec.name, spec, pos_interp
+        self.pooled = bool(global_pool)
         self.patch_size = self.patch_embed.patch_size[0]
         self.depth = len(self.blocks)
         self.num_heads = self.blocks[0].attn.num_heads
@@ -100,7 +103,8 @@ class TokenMixViT(VisionTransformer):
         recorded = rule.knobs + NORMALIZER_KNOBS.get(spec.normalizer, ())
         self.backbone_config = BackboneConfig(arch, spec.name, **self._shape_overrides(arch),
                                               **{k: knobs[k] for k in recorded}, num_classes=num_classes,
-                                              init_values=vit_kwargs.get("init_values"), pos_interp=pos_interp)
+                                              init_values=vit_kwargs.get("init_values"), pos_interp=pos_interp,
+                                              global_pool=self.pooled)
         # the plain dict of the config (results.json, logs); num_classes only with a classifier head
         self.config: dict[str, Any] = self.backbone_config.to_dict()
 
@@ -114,9 +118,11 @@ class TokenMixViT(VisionTransformer):
 
     # -- tokens -------------------------------------------------------------------------------------
     def interpolate_pos_encoding(self, gh: int, gw: int) -> torch.Tensor:
-        """DINO's (and DINOv2's) bicubic interpolation of the patch position embeddings (same +0.1 scale
-        offset); ``pos_interp="timm"``: timm's ``resample_abs_pos_embed`` (output size, antialiased), as timm's
-        ``dynamic_img_size`` forward of checkpoints given by a timm model name (``backbones/foreign.py``)."""
+        """Bicubic interpolation of the patch position table to the input's grid, by the source model's rule
+        (``pos_interp``): None, DINO's and DINOv2's default (scale factor (g + 0.1) / M, no antialias);
+        ``"dinov2_reg"``, DINOv2's ``*_reg`` hub models (``interpolate_offset=0``: output size, antialiased);
+        ``"timm"``: timm's ``resample_abs_pos_embed`` (output size, antialiased), as timm's ``dynamic_img_size``
+        forward of checkpoints given by a timm model name (``backbones/foreign.py``)."""
         pos = self.pos_embed
         n = pos.shape[1] - 1
         side = int(math.sqrt(n))
@@ -124,9 +130,12 @@ class TokenMixViT(VisionTransformer):
             return pos
         if self.pos_interp == "timm":
             return resample_abs_pos_embed(pos, new_size=(gh, gw), old_size=(side, side), num_prefix_tokens=1)
-        patch_pos = pos[:, 1:].reshape(1, side, side, -1).permute(0, 3, 1, 2)
-        patch_pos = F.interpolate(patch_pos.float(), scale_factor=((gh + 0.1) / side, (gw + 0.1) / side),
-                                  mode="bicubic").to(pos.dtype)
+        patch_pos = pos[:, 1:].reshape(1, side, side, -1).permute(0, 3, 1, 2).float()
+        if self.pos_interp == "dinov2_reg":
+            patch_pos = F.interpolate(patch_pos, size=(gh, gw), mode="bicubic", antialias=True).to(pos.dtype)
+        else:
+            patch_pos = F.interpolate(patch_pos, scale_factor=((gh + 0.1) / side, (gw + 0.1) / side),
+                                      mode="bicubic").to(pos.dtype)
         assert patch_pos.shape[-2:] == (gh, gw)
         return torch.cat([pos[:, :1], patch_pos.permute(0, 2, 3, 1).reshape(1, gh * gw, -1)], dim=1)
 
@@ -144,6 +153,8 @@ class TokenMixViT(VisionTransformer):
     # -- outputs ------------------------------------------------------------------------------------
     def _split(self, y: torch.Tensor, last: bool, votes: bool) -> dict[str, torch.Tensor]:
         out = {"cls": y[:, 0], "patch": y[:, self.num_prefix_tokens:]}
+        if self.pooled:  # MAE's global pool: y is un-normalised (norm is an Identity); [CLS] itself is not read
+            out["cls"] = self.fc_norm(out["patch"].mean(dim=1))
         if last and self.aggregator is not None:
             out["cls"], v = self.aggregator(out["patch"])
             if votes:
@@ -151,15 +162,15 @@ class TokenMixViT(VisionTransformer):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The [CLS] output (B, D) after the final norm (``lastvit``: the aggregated token); with
-        ``num_classes`` > 0 the logits of the linear ``head`` on it.
+        """The [CLS] output (B, D) after the final norm (``lastvit``: the aggregated token; ``global_pool``:
+        ``fc_norm`` of the mean patch token); with ``num_classes`` > 0 the logits of the linear ``head`` on it.
 
         Only [CLS] is a query in the last block (``TokenMixBlock.forward_queries``): the other tokens' last-block
         outputs never reach it. ``lastvit`` aggregates the patch tokens, so it runs the whole last block, as does
         a last block someone watches (hooks on it or its ``attn``, ``attn.record``: ``TokenMixBlock.observed``)."""
         last = self.blocks[-1]
-        if self.aggregator is not None or self.grad_checkpointing or not hasattr(last, "forward_queries") \
-                or last.observed():
+        if self.aggregator is not None or self.pooled or self.grad_checkpointing \
+                or not hasattr(last, "forward_queries") or last.observed():
             return self.head(self._split(self.forward_features(x), last=True, votes=False)["cls"])
         x = self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(x))))
         for blk in self.blocks[:-1]:
@@ -168,7 +179,9 @@ class TokenMixViT(VisionTransformer):
 
     def extract(self, images: torch.Tensor, n_last_blocks: int = 1, blocks: Optional[Sequence[int]] = None,
                 votes: bool = False) -> list[dict[str, torch.Tensor]]:
-        """Normalised [CLS]/patch outputs of the chosen blocks, oldest first, registers removed."""
+        """[CLS]/patch outputs of the chosen blocks through the final norm, oldest first, registers removed.
+        ``global_pool`` (MAE): no final norm, so each block's patch tokens as it outputs them (what MAE's mean
+        pools), and as "cls" ``fc_norm`` of their mean (for the last block, MAE's ``forward_features``)."""
         if blocks is None:
             if not 1 <= n_last_blocks <= self.depth:
                 raise ValueError(f"n_last_blocks must be in 1..{self.depth}, got {n_last_blocks}")

@@ -1,7 +1,7 @@
 """One DINO training step, images/s: the transcribed main_dino.py step (``official.main_dino``) vs
 DINOPretrainModule (eager and ``compile=True``) under a real ``Trainer.fit``, softmax and entmax-1.5, interleaved.
 
-``run(quick=False) -> {"rows": [...]}``. The issue's configuration: ViT-S/16, out_dim 65536, norm_last_layer
+``run(quick=False) -> {"rows": [...]}``. Configuration (docs/performance.md): ViT-S/16, out_dim 65536, norm_last_layer
 false, drop path 0.1, batch 8 with 2 x 224 + 8 x 96 crops, fp32, torch's default threads. Every path gets the
 same fixed batch (no augmentation timed) and starts from the same weights. The steps run in epoch 0, so the
 head's last layer is frozen (the official code computes its gradient and drops it; the module does not).

@@ -21,7 +21,7 @@ from PIL import Image
 from bench.pil_multicrop import DinoPILMultiCrop
 from datamodules.transforms.multicrop import MultiCropTransform, make_config
 
-ISSUE_TARGET = 2.0  # "at least 2x the images/s of a PIL pipeline that follows the official DINO recipe"
+TARGET = 2.0  # "at least 2x the images/s of a PIL pipeline that follows the official DINO recipe"
 FULL = dict(preset="released_vits16", n_images=16, height=375, width=500, repeats=5, overrides={})
 QUICK = dict(preset="released_vits16", n_images=2, height=96, width=128, repeats=1,
              overrides=dict(global_size=64, local_size=32, n_local=2))
@@ -89,7 +89,7 @@ def run(quick: bool = False) -> dict:
             {"name": f"PIL reference (DinoPILMultiCrop), {crops}, {src}", "value": pil_med, "unit": "images/s",
              "ratio": 1.0},
             {"name": f"uint8 tensors (MultiCropTransform), {crops}, {src}", "value": fast_med, "unit": "images/s",
-             "ratio": ratio, "target": ISSUE_TARGET},
+             "ratio": ratio, "target": TARGET},
         ],
         "ratio_definition": "images/s of MultiCropTransform / images/s of DinoPILMultiCrop (higher is better); "
                             "median of per-repeat ratios",
@@ -97,7 +97,7 @@ def run(quick: bool = False) -> dict:
         "cpu_time_ratio": statistics.median(cpu_ratios),
         "per_repeat": {"pil_images_per_s": pil_ips, "fast_images_per_s": fast_ips, "ratio": ratios,
                        "cpu_time_ratio": cpu_ratios},
-        "meets_target": ratio >= ISSUE_TARGET,
+        "meets_target": ratio >= TARGET,
     }
 
 

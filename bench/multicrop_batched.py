@@ -31,7 +31,8 @@ from datamodules.transforms.batched import BatchedMultiCrop, collate_decoded, un
 from datamodules.transforms.multicrop import MultiCropTransform, make_config
 from datamodules.transforms.resample import chunk_rows, resize_crops
 
-TARGET = 5.0  # decode-only workers >= 5x the img/s per core of full CPU augmentation (issue 30)
+TARGET = 5.0  # decode-only workers >= 5x the img/s per core of full CPU augmentation: a GPU node's cores then feed
+# the step (docs/scale.md, "Data-bound or compute-bound")
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"
 FULL = dict(n_images=32, batch=16, repeats=3, overrides={})
 QUICK = dict(n_images=4, batch=4, repeats=1, overrides=dict(global_size=64, local_size=32, n_local=2))

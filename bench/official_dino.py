@@ -12,7 +12,7 @@ Step 1 is a check: every eager student runs it with drop-path off (the two codes
 and the step-1 losses of the official and the project softmax paths must agree (``--loss-tol``). Then one more
 warm-up step, then ``--rounds`` timed rounds, each one step of every path in turn (``bench.dino_step.interleave``).
 Reported: median wall and process-CPU seconds per step, and medians of the per-round ratios
-official-softmax / path. The issue's configuration is the default (ViT-S/16, out_dim 65536, norm_last_layer
+official-softmax / path. The default is docs/performance.md's configuration (ViT-S/16, out_dim 65536, norm_last_layer
 false, drop path 0.1, batch 8, 2 x 224 + 8 x 96 crops, fp32, 2 threads).
 
     python -m bench.official_dino --official-repo PATH [--batch 8] [--rounds 10] [--compiled [VARIANT ...]] [--profile]

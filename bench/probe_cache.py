@@ -1,5 +1,5 @@
 """Feature cache of the dense probes: time of epoch 1 (backbone runs, features stored) vs later epochs
-(features replayed from the cache). Target of the issue: later epochs <= 10% of the first.
+(features replayed from the cache). Target: later epochs <= 10% of the first.
 
 ``run(quick=False) -> {"rows": [...], "later_over_first": ..., "target": 0.10, "meets_target": ...}``.
 Data: in-memory synthetic scenes (no disk decoding), so epoch 1 is, if anything, cheaper than on real data

@@ -15,6 +15,7 @@ from itertools import islice
 import numpy as np
 
 from . import DATASETS, build_dataset, canonical_name
+from .datasets.copydays import SPLITS as COPYDAYS_SPLITS
 from .errors import DatasetError, SampleError, SplitAbsentError
 
 # task names of the probes / analyses -> dataset
@@ -25,7 +26,9 @@ CHECK_SPLITS = {"imagenet": ("train", "val"), "voc": ("train", "val"), "voc07": 
                 "sunrgbd": ("test",), "kitti": ("test",), "demo_cls": ("train", "val"),
                 "demo_voc": ("train", "val"), "demo_nyu": ("train", "test"),
                 "folder": ("train",), "imagefolder": ("train", "val"), "custom_seg": ("train", "val"),
-                "custom_depth": ("train", "val")}
+                "custom_depth": ("train", "val"),
+                "roxford5k": ("query", "database"), "rparis6k": ("query", "database"),
+                "copydays": COPYDAYS_SPLITS, "davis": ("val", "train")}
 CUSTOM = ("custom_seg", "custom_depth")  # opened without the up-front validation: every bad file gets listed
 
 
@@ -37,8 +40,7 @@ def _check_one(ds, rec) -> tuple[str, str] | None:
     except Exception as e:  # anything else is also a bad file, never a crash of the whole walk
         return str(ds.files(rec)[0]), f"{type(e).__name__}: {e}"
     if "depth" in item:
-        from .transforms.depth import depth_config
-        lo, hi = ds.eval_settings()[:2] if hasattr(ds, "eval_settings") else depth_config(ds.name)[1:3]
+        lo, hi = ds.eval_settings()[:2]  # a depth dataset's protocol (datamodules/depth_protocol.py) or its options
         d = item["depth"].numpy()
         if not np.any((d > lo) & (d < hi)):
             return str(rec["depth"]), (f"{rec['depth']}: no depth value inside ({lo}, {hi}) m (all zero or out of "
@@ -117,6 +119,8 @@ def _check_splits(name: str, splits, args, console, progress):
         note = ""
         if hasattr(ds, "num_without_gt"):
             note = f" ({ds.num_lines} lines, {ds.num_without_gt} without ground truth)"
+        elif hasattr(ds, "OFFICIAL_FRAMES"):  # DAVIS: one sample per sequence; its frames counted too
+            note = f" sequences, {ds.num_frames} frames (official {ds.OFFICIAL_FRAMES.get(split, '-')})"
         rows.append((split, f"{n}{'' if n == len(ds) else f'/{len(ds)}'}{note}", official or "-", status))
         problems += [(split, f"{path}: {msg}" if not msg.startswith(path) else msg) for path, msg in probs]
         errors += len(probs)

@@ -3,21 +3,24 @@ from __future__ import annotations
 
 from .datamodule_base import DenseDataModule
 from .demo.names import demo_dataset
-from .transforms import depth_config
 
 
 class DepthDataModule(DenseDataModule):
     """The dense probes' view (``DenseDataModule``). Depth benchmarks evaluate their ``test`` split. SUN RGB-D
     and the KITTI/NYU Eigen tests are evaluation sets: set ``train_data``/``train_root`` to train on another
     dataset (e.g. NYUv2 train, then validate on SUN RGB-D).
-    ``eval_mask(depth)``: the pixels that count in the metrics (``datamodules.transforms.eval_depth_mask``)."""
+    ``eval_mask(depth)``: the pixels that count in the metrics, by the validation set's own protocol
+    (``DepthDataset.eval_settings``: ``datamodules/depth_protocol.py``, or a custom dataset's options)."""
 
     def __init__(self, data: str = "nyuv2", data_root: str = "", val_split: str = "test",
                  train_data: str | None = None, train_root: str | None = None, **kw):
         self.train_data, self.train_root = train_data, train_root
         super().__init__(data, data_root, val_split=val_split, **kw)
-        if self.data != "custom_depth":  # custom_depth carries its own settings (datamodules/datasets/custom_depth.py)
-            depth_config(demo_dataset(self.data, "demo_nyu"))  # a non-depth name fails now
+        from .datasets.depth_base import DepthDataset
+        from .registry import DATASETS, canonical_name
+        if not issubclass(DATASETS[canonical_name(demo_dataset(self.data, "demo_nyu"))], DepthDataset):
+            raise ValueError(f"no depth evaluation settings for '{self.data}': not a depth dataset (depth datasets: "
+                             f"{', '.join(k for k, c in DATASETS.items() if issubclass(c, DepthDataset))})")
 
     def _build(self, split, train=False):
         if train and self.train_data:
@@ -27,11 +30,6 @@ class DepthDataModule(DenseDataModule):
         return super()._build(split, train)
 
     def eval_mask(self, depth):
-        from .transforms import eval_depth_mask
-        if self.data == "custom_depth":
-            self.setup("validate")
-            lo, hi, crop, _ = self.val_set.eval_settings()
-            H, W = depth.shape[-2:]
-            inside = (depth > lo) & (depth < hi)
-            return inside if crop is None else inside & crop(H, W).to(depth.device)
-        return eval_depth_mask(self.data, depth)
+        from .depth_protocol import settings_mask
+        self.setup("validate")
+        return settings_mask(self.val_set.eval_settings(), depth)

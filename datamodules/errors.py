@@ -21,6 +21,15 @@ class MissingDataError(DatasetError, FileNotFoundError):
     """DATA_ROOT not given, or the expected layout is not under it."""
 
 
+def needs_data_root(data: str) -> MissingDataError:
+    """The one error for a real dataset named without its folder (every CLI that takes DATA / DATA_ROOT)."""
+    return MissingDataError(
+        f"DATA={data} needs --data-root (DATA_ROOT=<folder>): the folder that holds the '{data}' dataset in its "
+        "standard layout (imagenet: the ImageFolder root with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG; folder: any "
+        "folder of images; see docs/data.md, check it with `make check-data`), or use DATA=demo for the built-in "
+        "generated data.")
+
+
 class SplitFileError(DatasetError):
     """A split list that is missing, empty or malformed."""
 

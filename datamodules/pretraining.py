@@ -38,11 +38,8 @@ def load_split(data: str, data_root: str, split: str, unlabeled: bool = False, *
         ds = build_dataset(demo_dataset(data, "demo_cls"), ensure_demo_data(data_root or None), split)
         return Unlabeled(ds) if unlabeled and not isinstance(ds, ImageNetDataset) else ds
     if not data_root:
-        from datamodules.errors import MissingDataError
-        raise MissingDataError(
-            f"DATA={data} needs DATA_ROOT=<folder holding the dataset>; for imagenet that is the ImageFolder root "
-            "with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG, for folder any folder of images (see docs/data.md). "
-            "Use DATA=demo for the built-in demo data.")
+        from datamodules.errors import needs_data_root
+        raise needs_data_root(data)
     if data == FOLDER:
         return open_folder(data_root, **folder)
     ds = build_dataset(data, data_root, split)
@@ -282,15 +279,3 @@ class DINOPretrainDataModule(pl.LightningDataModule):
         return EvalDataset(base, self.crop_cfg.global_size, self.eval_resize_ratio, self.crop_cfg.mean,
                            self.crop_cfg.std)
 
-    def eval_dataloader(self, split: str, batch_size: int = 256, indices: Optional[list[int]] = None) -> DataLoader:
-        ds = self.eval_dataset(split)
-        if indices is not None:
-            ds = torch.utils.data.Subset(ds, indices)
-        return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=0,
-                          generator=torch.Generator().manual_seed(0))
-
-    def steps_per_epoch(self) -> int:
-        self.setup("fit")
-        world = self.trainer.world_size if self.trainer is not None else 1
-        full = len(self._train) // (self.batch_size * world)
-        return min(full, self.batches_per_epoch) if self.batches_per_epoch else full

@@ -10,18 +10,22 @@ from .datasets.base import IGNORE_INDEX, BaseDataset
 from .datasets.cityscapes import CityscapesDataset
 from .datasets.custom_depth import CustomDepthDataset
 from .datasets.custom_seg import CustomSegDataset
+from .datasets.copydays import CopydaysDataset
+from .datasets.davis import DAVISDataset
 from .datasets.folder import FolderDataset
 from .datasets.imagefolder import ImageFolderDataset
 from .datasets.imagenet import ImageNetDataset
 from .datasets.kitti import KITTIDataset
 from .datasets.nyuv2 import NYUv2Dataset
+from .datasets.revisitop import ROxford5kDataset, RParis6kDataset
 from .datasets.sunrgbd import SUNRGBDDataset
 from .datasets.voc import VOC07Dataset, VOCAugDataset, VOCDataset
 from .demo.layouts import seg_palette
 from .demo.names import DEMO_DATASETS, demo_dataset, is_demo
 from .demo.scenes import SEG_CLASSES
 from .errors import (CorruptFileError, DatasetError, DepthFormatError, EmptyDatasetError, LabelRangeError,
-                     MissingDataError, SampleError, SizeMismatchError, SplitFileError, UnknownDatasetError)
+                     MissingDataError, SampleError, SizeMismatchError, SplitFileError, UnknownDatasetError,
+                     needs_data_root)
 
 
 # --- the demo datasets: the real loaders pointed at the generated data (make demo-data) -------------------
@@ -53,6 +57,9 @@ DATASETS: dict[str, type[BaseDataset]] = {
     # your own data (docs/data.md "Your own data")
     "folder": FolderDataset, "imagefolder": ImageFolderDataset, "custom_seg": CustomSegDataset,
     "custom_depth": CustomDepthDataset,
+    "davis": DAVISDataset,  # DAVIS-2017 video object segmentation (one sample per sequence)
+    # image-level evaluations: revisited Oxford / Paris retrieval, Copydays copy detection
+    "roxford5k": ROxford5kDataset, "rparis6k": RParis6kDataset, "copydays": CopydaysDataset,
 }
 ALIASES = {"voc2007": "voc07", "nyu": "nyuv2", "ade": "ade20k", "sun": "sunrgbd", "in1k": "imagenet"}
 DATASET_NAMES = tuple(DATASETS)
@@ -91,7 +98,7 @@ def resolve_data(data: str, data_root, demo: str) -> tuple[str, Path]:
     >>> resolve_data("voc", "", "demo_voc")
     Traceback (most recent call last):
     ...
-    datamodules.errors.MissingDataError: --data voc needs --data-root (DATA_ROOT=/path): ...
+    datamodules.errors.MissingDataError: DATA=voc needs --data-root (DATA_ROOT=<folder>): ...
     """
     data = (data or "demo").strip()
     if is_demo(data):
@@ -105,10 +112,7 @@ def resolve_data(data: str, data_root, demo: str) -> tuple[str, Path]:
         from .demo import ensure_demo_data
         return demo, Path(ensure_demo_data())
     if not data_root:
-        raise MissingDataError(
-            f"--data {data} needs --data-root (DATA_ROOT=/path): the folder that holds the '{data}' dataset in its "
-            "standard layout (see docs/data.md; check it with `make check-data`), or use DATA=demo for the "
-            "built-in generated data.")
+        raise needs_data_root(data)
     return data, Path(data_root).expanduser()  # a missing folder: build_dataset names the layout it expects
 
 

@@ -9,7 +9,7 @@ cost model prices the entmax kernels against a softmax kernel compiled by the sa
   with the five GEMMs of FA2 per tile (S = QKᵀ, dV += Pᵀ dO, dP = dO Vᵀ, dK += dSᵀ Q, dQ += dS K), dQ
   accumulated in fp32 with atomic adds and cast by a last small kernel (what SDPA's flash backend does).
 
-``launch_plan`` describes the kernels a call would launch (same shape as ``backbones.triton_plan``'s), and
+``kernel_launches`` describes the kernels a call would launch (same shape as ``backbones.triton_plan``'s), and
 ``flash_attention`` runs them (CUDA, or CPU under ``TRITON_INTERPRET=1``: that is how the tests check the values
 without a GPU). q, k, v are contiguous (BH, N, d); fp32 inputs use TF32 products, as SDPA with TF32 allowed.
 """
@@ -120,7 +120,7 @@ def _blocks(n: int, m: int) -> dict:
                 pre=dict(BLOCK_M=64, num_warps=4, num_stages=1))
 
 
-def launch_plan(n, dtype, kind="softmax", head_dim=64, bh=384, need_grad=True, m=None) -> list[KernelLaunch]:
+def kernel_launches(n, dtype, kind="softmax", head_dim=64, bh=384, need_grad=True, m=None) -> list[KernelLaunch]:
     """The kernels ``flash_attention`` launches for q (bh, n, head_dim), k/v (bh, m, head_dim): forward, then
     (need_grad) the backward's delta, dK/dV/dQ and dQ-cast kernels."""
     if kind != "softmax":
@@ -170,7 +170,7 @@ class _FlashFn(torch.autograd.Function):
     def forward(ctx, q, k, v, sm_scale):
         bh, n, d = q.shape
         m = k.shape[1]
-        fwd = launch_plan(n, q.dtype, head_dim=d, bh=bh, need_grad=False, m=m)[0]
+        fwd = kernel_launches(n, q.dtype, head_dim=d, bh=bh, need_grad=False, m=m)[0]
         o = torch.empty_like(q)
         lse = torch.empty(bh, n, device=q.device, dtype=torch.float32)
         _launch(fwd, (fwd.programs // bh, bh), q, k, v, o, lse, sm_scale * _LOG2E, n, m)
@@ -184,7 +184,7 @@ class _FlashFn(torch.autograd.Function):
         do = do.contiguous()
         bh, n, d = q.shape
         m = k.shape[1]
-        _, pre, bwd, cast = launch_plan(n, q.dtype, head_dim=d, bh=bh, m=m)
+        _, pre, bwd, cast = kernel_launches(n, q.dtype, head_dim=d, bh=bh, m=m)
         delta = torch.empty(bh, n, device=q.device, dtype=torch.float32)
         _launch(pre, (pre.programs,), o, do, delta, bh * n)
         dq_acc = torch.zeros(bh, n, d, device=q.device, dtype=torch.float32)

@@ -8,7 +8,7 @@ python -m kernel_model --passes-from passes.json --source vit   # passes measure
 python -m kernel_model --deterministic   # the atomic-free backward (torch's deterministic mode)
 ```
 
-For each kernel that ``backbones.triton_plan.launch_plan`` says a call launches (block sizes, warps, stages and
+For each kernel that ``backbones.triton_plan.kernel_launches`` says a call launches (block sizes, warps, stages and
 grid as the launcher picks them), for N in {37, 197, 201, 257, 785, 1025}, fp16/bf16/fp32, entmax-1.5 and
 sparsemax, forward and backward: compile for the target (``kernel_model.compiler``), record registers, spill
 bytes, shared memory, wgmma / mma.sync in the PTX and the SASS counts (``kernel_model.sass``). Then the same for
@@ -22,7 +22,7 @@ program that ``kernel_model.threshold_passes`` measured for that N, path and sou
 unroll; loops are the natural loops of the SASS control-flow graph, ``kernel_model.sass_loops``). Both sides of
 every branch are counted (the all-zero-tile skips never skip). Table counts are per program (CTA) and per warp; the
 JSON also has the flat static counts. Launches whose name contains "bwd" are the backward;
-``launch_plan(need_grad=False)`` is the forward.
+``kernel_launches(need_grad=False)`` is the forward.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from backbones.triton_plan import launch_plan
+from backbones.triton_plan import kernel_launches
 from kernel_model import cost_model, loop_trips, sass, sass_loops
 from kernel_model.compiler import TARGETS, compile_many, loops_of
 
@@ -43,8 +43,8 @@ NS = (37, 197, 201, 257, 785, 1025)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 KINDS = ("entmax15", "sparsemax")
 SHARED_LIMIT = {"sm_90": 227 * 1024, "sm_80": 163 * 1024}  # opt-in per block: H100/H200, A100
-HEAD_DIM, BH = 64, 384  # the issue's op: ViT-S heads, B*H = 64*6
-RATIO_TARGET, RATIO_NS = 1.3, (197, 785)  # issue 31: predicted fwd+bwd / flash yardstick at these N, 16-bit
+HEAD_DIM, BH = 64, 384  # the paper preset's op: ViT-S heads, B*H = 64 images x 6 heads
+RATIO_TARGET, RATIO_NS = 1.3, (197, 785)  # predicted fwd+bwd / flash yardstick at ViT-S/16's 224 and 448 px, 16-bit
 
 
 def _is_bwd(name: str) -> bool:
@@ -128,10 +128,10 @@ def report(target: str, combos, passes: float, cache: bool = True, jobs: int = 1
     """Rows for every (n, dtype, kind) in combos (and the yardstick at each (n, dtype)), and on every
     (n, dtype, kind) the predicted entmax / flash ratios."""
     from kernel_model import flash_yardstick
-    todo = [x for n, dt, kind in combos for x in _launches(launch_plan, "entmax", n, dt, kind, target)]
+    todo = [x for n, dt, kind in combos for x in _launches(kernel_launches, "entmax", n, dt, kind, target)]
     if yardstick:
         for n, dt in dict.fromkeys((n, dt) for n, dt, _ in combos):
-            todo += _launches(flash_yardstick.launch_plan, "flash", n, dt, "softmax", target)
+            todo += _launches(flash_yardstick.kernel_launches, "flash", n, dt, "softmax", target)
     recs = compile_many([(lp, target, _scalars(lp, lab["n"], lab["n"])) for lab, lp in todo], cache, jobs)
     per = passes if callable(passes) else (lambda n, launch: passes)  # noqa: E731
     kernels = [dict(analyse(lp, rec, lab["n"], lab["n"], per(lab["n"], lp), alu), **lab)
@@ -210,7 +210,7 @@ def markdown(rep: dict) -> str:
 
 
 def problems(rep: dict) -> list[str]:
-    """The issues' checks: compiles, no 16-bit spill, shared memory within the target's limit, wgmma on sm_90, every
+    """The report's checks: compiles, no 16-bit spill, shared memory within the target's limit, wgmma on sm_90, every
     loop's trip count resolved, and (sm_90, 16-bit, N = 197 and 785) the predicted fwd+bwd ratio to the
     yardstick at most 1.3."""
     out = []
@@ -230,7 +230,7 @@ def problems(rep: dict) -> list[str]:
         for lp in r.get("loops", []):
             if lp["how"].startswith("unresolved"):
                 out.append(f"{tag}: loop at {lp['source']} has an unresolved trip count, counted once")
-    for q in rep.get("ratios", []):  # issue 31's target, on the H200 model
+    for q in rep.get("ratios", []):  # the 1.3x target, on the H200 model
         if rep["target"] == "sm_90" and q["dtype"] != "fp32" and q["n"] in RATIO_NS and \
                 not q["ratio"]["total"] <= RATIO_TARGET:
             out.append(f"{q['kind']} {q['dtype']} N={q['n']}: predicted fwd+bwd {q['ratio']['total']:.2f}x the flash "

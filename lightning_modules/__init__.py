@@ -1,8 +1,7 @@
 """DINO (v1) pretraining: head, loss, schedules, the LightningModule and its CLI (``make pretrain``)."""
 from lightning_modules.dino_head import DINOHead, MultiCropWrapper, WeightNormLinear
 from lightning_modules.dino_loss import DINOLoss
-from lightning_modules.schedules import (cancel_gradients_last_layer, clip_gradients, cosine_scheduler,
-                                         get_params_groups)
+from lightning_modules.dino_optim import cancel_gradients_last_layer, cosine_scheduler, get_params_groups
 
 __all__ = ["DINOHead", "MultiCropWrapper", "WeightNormLinear", "DINOLoss", "cosine_scheduler", "get_params_groups",
-           "clip_gradients", "cancel_gradients_last_layer"]
+           "cancel_gradients_last_layer"]

@@ -22,22 +22,17 @@ from lightning_modules.dino_head import DINOHead, MultiCropWrapper
 from lightning_modules.dino_loss import DINOLoss
 from lightning_modules.fast_ops import clip_grad_norms_, ema_
 from lightning_modules.loop_state import epoch_end_form
-from lightning_modules.schedules import cancel_gradients_last_layer, cosine_scheduler, get_params_groups
+from lightning_modules.dino_optim import cancel_gradients_last_layer, cosine_scheduler, get_params_groups
+from tokenmix.results import clean
 
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN/inf; training stopped (as the official ``sys.exit(1)``)."""
 
 
-def _plain(x: Any) -> Any:
-    """Config values as plain python types (checkpoints must load with weights_only=True)."""
-    if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, torch.Tensor):
-        return x.tolist()
-    return x
+def scaled_lr(base_lr: float, total_batch: int, scale: bool = True) -> float:
+    """The linear scaling rule of main_dino.py: ``base_lr`` is for a total batch of 256 (``scale`` False: as given)."""
+    return base_lr * total_batch / 256.0 if scale else base_lr
 
 
 class DINOPretrainModule(pl.LightningModule):
@@ -79,8 +74,8 @@ class DINOPretrainModule(pl.LightningModule):
                              f"{epochs}); lower them together with max_epochs")
         # two dicts so a preset (drop_path_rate, ...) and a variant file (num_registers, ...) never overwrite
         # each other: a later YAML replaces a whole dict value
-        backbone = _plain({**(backbone or {}), **(variant_options or {})})
-        self.save_hyperparameters({**{k: _plain(v) for k, v in locals().items()
+        backbone = clean({**(backbone or {}), **(variant_options or {})})
+        self.save_hyperparameters({**{k: clean(v) for k, v in locals().items()
                                       if k not in ("self", "__class__", "spec", "variant_options")}, "variant": spec.name})
         student_backbone = create_vit(arch, spec.name, **backbone)
         head = DINOHead(student_backbone.embed_dim, out_dim, use_bn=use_bn_in_head, norm_last_layer=norm_last_layer,
@@ -157,7 +152,7 @@ class DINOPretrainModule(pl.LightningModule):
 
     def build_schedules(self, niter_per_ep: int) -> None:
         hp = self.hparams
-        lr = hp.lr * self.total_batch_size() / 256.0 if hp.scale_lr else hp.lr  # linear scaling rule
+        lr = scaled_lr(hp.lr, self.total_batch_size(), hp.scale_lr)
         self.lr_schedule = cosine_scheduler(lr, hp.min_lr, hp.epochs, niter_per_ep, warmup_epochs=hp.warmup_epochs)
         self.wd_schedule = cosine_scheduler(hp.weight_decay, hp.weight_decay_end, hp.epochs, niter_per_ep)
         self.momentum_schedule = cosine_scheduler(hp.momentum_teacher, hp.momentum_teacher_end, hp.epochs,

@@ -1,8 +1,8 @@
 """Whole-model DINO update steps in a few multi-tensor kernels instead of one small kernel per parameter (on a GPU;
 on a CPU the EMA stays a per-parameter loop, which is faster there, see ``ema_``).
 
-Same maths as facebookresearch/dino ``utils.clip_gradients`` and the ``train_one_epoch`` teacher EMA (the
-per-parameter loops live on in ``schedules.clip_gradients`` as the reference); nothing here reads a value back
+Same maths as facebookresearch/dino ``utils.clip_gradients`` and the ``train_one_epoch`` teacher EMA (their
+per-parameter loops are transcribed in ``official/``, the tests' reference); nothing here reads a value back
 to the host on a GPU, so the step never waits for the device (on a CPU, where reading a value is free, the clip
 multiplies only the gradients it clips, as upstream, instead of all of them by ``min(coef, 1)``).
 
@@ -59,8 +59,8 @@ def ema_(teacher: list[torch.Tensor], student: list[torch.Tensor], m: float,
     differently: a few ulps per step, which the teacher's temperature turns into 1e-6-scale loss changes).
 
     On a GPU as two multi-tensor kernels. On a CPU per parameter, as upstream: the multi-tensor form allocates
-    every ``(1 - m) * student`` at once (all the parameters' size: page faults on fresh memory each step) and
-    took 2.6x the loop's time on the DINO ViT-S (60 vs 23 ms), while a loop reuses one freed block.
+    every ``(1 - m) * student`` at once (all the parameters' size: page faults on fresh memory each step), while a
+    loop reuses one freed block; the loop is the faster there (docs/performance.md, "DINO step").
     ``multi_tensor``: force one form (None: by device)."""
     if multi_tensor is None:
         multi_tensor = bool(teacher) and teacher[0].device.type != "cpu"

@@ -4,7 +4,7 @@
 checkpoint says "epoch e started, not processed; last batch trained". Lightning 2.6's FitLoop restores it as
 RESTARTED_MID_EPOCH, bumps the epoch to processed in ``reset`` but stays in that stage, so ``on_advance_start``
 then trains epoch e + 1 without counting it ready / started: the resumed run's checkpoints read one epoch
-behind, and resuming one of those after the run ended trains an extra epoch (issue 40). The same training
+behind, and resuming one of those after the run ended trains an extra epoch. The same training
 point saved in ``on_train_epoch_end`` reads "processed = started, completed = processed - 1" (Lightning's
 RESUMED_ON_EPOCH_END stage, which then starts the next epoch normally). ``epoch_end_form`` rewrites the first
 form into the second; the modules call it on every checkpoint they save and load (files written before the

@@ -15,7 +15,6 @@ Plain cross-entropy. Checkpoints: ``state_dict`` keys ``backbone.*`` (head inclu
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Any, Optional
 
@@ -26,9 +25,10 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics.classification import MulticlassAccuracy
 
 from backbones import create_vit, parse_variant
-from backbones.checkpoint import SUPERVISED, check_resume_config, runtime_record, validate_lightning, write_entry
-from lightning_modules.dino_module import NonFiniteLossError, _plain
+from backbones.checkpoint import SUPERVISED, check_resume_config, runtime_record, write_entry
+from lightning_modules.dino_module import NonFiniteLossError
 from lightning_modules.loop_state import epoch_end_form
+from tokenmix.results import clean
 
 
 def lr_multiplier(where: float, warmup_frac: float = 0.01, warmup_factor: float = 0.1,
@@ -40,11 +40,6 @@ def lr_multiplier(where: float, warmup_frac: float = 0.01, warmup_factor: float 
         start, end = warmup_factor * cosine(0.0), cosine(warmup_frac)
         return start + (end - start) * where / warmup_frac
     return cosine(min(where, 1.0))
-
-
-def validate_supervised_checkpoint(ckpt: Any, path: str | os.PathLike) -> dict:
-    """A complete label-supervised checkpoint (RESUME); the layout lives in ``backbones.checkpoint``."""
-    return validate_lightning(ckpt, str(path), kind=SUPERVISED)
 
 
 class SupervisedModule(pl.LightningModule):
@@ -67,8 +62,8 @@ class SupervisedModule(pl.LightningModule):
         spec = parse_variant(variant)
         if num_classes < 2:
             raise ValueError(f"model.num_classes must be >= 2, got {num_classes}")
-        opts = _plain({**(backbone or {}), **(variant_options or {})})
-        self.save_hyperparameters({**{k: _plain(v) for k, v in locals().items()
+        opts = clean({**(backbone or {}), **(variant_options or {})})
+        self.save_hyperparameters({**{k: clean(v) for k, v in locals().items()
                                       if k not in ("self", "__class__", "spec", "variant_options", "opts")},
                                    "variant": spec.name, "backbone": opts})
         self.backbone = create_vit(arch, spec.name, num_classes=num_classes, **opts)
@@ -161,7 +156,7 @@ class SupervisedModule(pl.LightningModule):
         # the recorded backbone is the feature backbone (probes, analyses); the head's size sits beside it
         write_entry(checkpoint, self.backbone.backbone_config.replace(num_classes=0), kind=SUPERVISED,
                     runtime=runtime_record(self.backbone), num_classes=int(self.hparams.num_classes),
-                    random_init=_plain(dict(self.random_init)))
+                    random_init=clean(dict(self.random_init)))
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         epoch_end_form(checkpoint)  # before Lightning restores its loops (files written before the fix)

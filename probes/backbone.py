@@ -58,9 +58,10 @@ def checkpoint_path(ckpt: str, variant: str) -> Optional[Path]:
 
 
 def resolve_backbone(ckpt: str, variant: str, arch: str, patch_size: int, seed: int = 0,
-                     which: str = "teacher") -> BackboneInfo:
+                     which: str = "teacher", path: Optional[Path] = None) -> BackboneInfo:
     """--ckpt '' -> the latest pretraining checkpoint of --variant; a path; 'random' (``arch``, ``seed``);
-    'pixels' (``patch_size``). ``which``: the teacher or student of a DINO checkpoint."""
+    'pixels' (``patch_size``). ``which``: the teacher or student of a DINO checkpoint. ``path``: the file
+    ``checkpoint_path`` already found for ``ckpt`` (the CLIs resolve it once, before opening data)."""
     ckpt = (ckpt or "").strip()
     variant = (variant or "softmax").strip()
     if ckpt == "pixels":
@@ -74,7 +75,7 @@ def resolve_backbone(ckpt: str, variant: str, arch: str, patch_size: int, seed: 
             m = create_vit(**BackboneConfig.from_dict(timm_config(arch), f"timm model {arch}").to_dict(), seed=seed)
         return BackboneInfo(m, "random", f"{m.variant}_random", config={**m.config, "seed": seed},
                             backbone_config=m.backbone_config)
-    path = checkpoint_path(ckpt, variant)
+    path = path or checkpoint_path(ckpt, variant)
     ck = read_checkpoint(path, which=which, arch=arch)  # one read: the sha256 is of the bytes the weights come from
     m = ck.build()
     # other projects' weights get a run folder of their own, not that of the tokenmix variant they resemble

@@ -43,14 +43,32 @@ def check_own_data(task: TaskSpec, name: str) -> None:
             "study give each task its data with --task-data TASK=DATA:ROOT.")
 
 
-def resolve_data(task: TaskSpec, data: str, data_root: str) -> tuple[str, Path]:
-    """(dataset name, root) for --data/--data-root; '' means not given."""
+def probe_dataset(task: TaskSpec, data: str, data_root: str) -> tuple[str, Path]:
+    """(dataset name, root) of the task for --data/--data-root ('' means not given): the task's own demo dataset,
+    and the checks of what the task can read, on ``datamodules.resolve_data``."""
     check_own_data(task, (data or "").strip())
     if is_demo(data) and task.demo_dataset is None:
         raise ValueError(f"task '{task.name}' has no built-in demo data (demo exists for imagenet, knn, voc, "
                          f"nyuv2). Run it on the real dataset: make probe TASK={task.name} DATA={task.dataset} "
                          f"DATA_ROOT=/path/to/{task.dataset}")
     return _resolve(data, data_root, task.demo_dataset or "")
+
+
+
+
+def voc_trainaug(name: str, root: Path) -> tuple[str, Optional[str]]:
+    """The retrieval protocol's VOC training set: (dataset name, note). ``voc`` becomes ``voc_aug`` (the 10,582
+    SBD train_aug images; val stays VOC val) when its list is under ``root``; otherwise VOC train stays, with a note
+    saying so (e.g. the fixture, which holds no train_aug list). Other datasets pass unchanged."""
+    if name != "voc":
+        return name, None
+    from datamodules.datasets.voc import VOCAugDataset, find_voc_dir
+    voc = find_voc_dir(Path(root), "2012", name)
+    if any((voc / rel).is_file() for rel in VOCAugDataset.AUG_LISTS):
+        return "voc_aug", None
+    return name, (f"VOC trainaug asked for, but no {' / '.join(VOCAugDataset.AUG_LISTS)} under {voc}: the memory "
+                  "uses VOC train; the published figures use trainaug (SegmentationClassAug + train_aug.txt, "
+                  "docs/data.md)")
 
 
 def probe_datamodule(task: TaskSpec, name: str, root: Path, size, patch_size: int, batch_size: int,

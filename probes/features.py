@@ -150,9 +150,10 @@ def extraction_module(features: FrozenFeatures):
         def on_predict_epoch_start(self) -> None:
             self._local = [[] for _ in self.trainer.predict_dataloaders]
 
-        def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
             self._local[dataloader_idx].append((self.features(batch["image"]).float(),
                                                 torch.as_tensor(batch["label"]).to(self.device)))
+            return self._local[dataloader_idx][-1]  # return_predictions=False: Lightning keeps nothing
 
         def on_predict_epoch_end(self) -> None:  # every rank: all_gather is a collective
             rank, world = self.global_rank, self.trainer.world_size

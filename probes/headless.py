@@ -10,7 +10,6 @@ scores at its input size).
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any, Callable
 
 import torch
@@ -18,17 +17,19 @@ from torch.utils.data import DataLoader
 
 from datamodules.datamodule_base import ShardSampler, SplitView, dense_collate
 from datamodules.transforms.dense import FixedResize
+from datamodules.transforms.views import IMAGENET_STD
 from tokenmix.launch import global_rank
 
 from .features import FeatureSpec, FrozenFeatures, gather_shards
 from .matching import hungarian, matched_miou
+from .options import OverclusterOptions, RetrievalOptions
 from .trainer import make_trainer
 from . import retrieval as hb
 
 
 def _predict_pass(ctx, features: FrozenFeatures, dataset, step: Callable, end: Callable):
     """``trainer.predict`` over ``dataset`` sharded over the processes: ``step(module, batch)`` per batch,
-    ``end(module)`` once on every process (collectives go there)."""
+    ``end(module)`` once on every process (collectives go there). ``ctx``: ``probes.kinds.ProbeContext``."""
     import lightning as L
 
     class Pass(L.LightningModule):
@@ -39,19 +40,18 @@ def _predict_pass(ctx, features: FrozenFeatures, dataset, step: Callable, end: C
         def predict_dataloader(self):
             sampler = ShardSampler(dataset, self.global_rank, self.trainer.world_size, train=False)
             return DataLoader(dataset, batch_size=ctx.dm.val_batch_size, sampler=sampler, collate_fn=dense_collate,
-                              num_workers=ctx.args.num_workers)
+                              num_workers=ctx.dm.num_workers)
 
         def predict_step(self, batch, batch_idx):
             self.local.append(step(self, batch))
+            return self.local[-1]  # what the step computed (return_predictions=False: Lightning keeps nothing)
 
         def on_predict_epoch_end(self):
             self.result = end(self)
 
     module = Pass()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*(module\\(s\\) in eval mode|does not have many workers"
-                                "|predict returned None).*")
-        make_trainer(ctx.args, logger=False, enable_checkpointing=False).predict(module, return_predictions=False)
+    make_trainer(ctx.launch, ctx.progress, logger=False, enable_checkpointing=False).predict(
+        module, return_predictions=False)
     return module.result
 
 
@@ -63,59 +63,68 @@ def _val_view(ctx) -> SplitView:
     return SplitView(ctx.dm.val_set.dataset, FixedResize(ctx.dm.img_size, targets=True))
 
 
-def _memory_sizes(args) -> list[int]:
+def memory_sizes(spec: str) -> tuple[int, ...]:
+    """--hb-memory '102400,1024000' -> (102400, 1024000)."""
     try:
-        sizes = [int(float(s)) for s in str(args.hb_memory).split(",") if s.strip()]
+        sizes = [int(float(s)) for s in str(spec).split(",") if s.strip()]
     except ValueError:
         sizes = []
     if not sizes or min(sizes) < 1:
-        raise ValueError(f"--hb-memory {args.hb_memory!r}: expected comma-separated patch counts, e.g. 102400,1024000")
-    return sizes
+        raise ValueError(f"--hb-memory {spec!r}: expected comma-separated patch counts, e.g. 102400,1024000")
+    return tuple(sizes)
 
 
-def build_memory(ctx, features: FrozenFeatures, n_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _ade_other(ctx, a: RetrievalOptions) -> bool:
+    """ADE20K with "other" kept as class 0 of 151 (the hummingbird protocol): the other datasets have no such label."""
+    return a.ade_other and ctx.dataset == "ade20k"
+
+
+def build_memory(ctx, a: RetrievalOptions, features: FrozenFeatures, n_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(features (N, E, n_keep, D), labels (N, E, n_keep, C)) of every training image in every augmentation
     epoch, best-sampled patches first, identical on every process."""
-    a, C, size = ctx.args, ctx.dm.num_classes, tuple(ctx.dm.img_size)
+    C, size, ade = ctx.dm.num_classes + _ade_other(ctx, a), tuple(ctx.dm.img_size), _ade_other(ctx, a)
     train = SplitView(ctx.dm.train_set.dataset, None)  # images as stored: each is augmented here, seeded per image
 
     def step(m, batch):
         gens, views, masks = [], [], []
         for img, mask, idx in zip(batch["image"], batch["mask"], batch["index"]):
-            for e in range(a.hb_aug_epochs):
+            for e in range(a.aug_epochs):
                 g = hb.image_generator(a.seed, e, int(idx))
                 v, mk = hb.hummingbird_view(img, mask, size, g)
                 gens.append(g), views.append(v), masks.append(mk)
-        fk, lk = hb.memory_rows(m.features(torch.stack(views)), torch.stack(masks), gens, n_keep, ctx.patch_size, C)
-        E = a.hb_aug_epochs
+        views, masks = hb.protocol_inputs(torch.stack(views), torch.stack(masks), a.std_typo, ade)
+        fk, lk = hb.memory_rows(m.features(views), masks, gens, n_keep, ctx.patch_size, C)
+        E = a.aug_epochs
         return fk.reshape(-1, E, *fk.shape[1:]), lk.reshape(-1, E, *lk.shape[1:])
 
     def end(m):
         D = features.out_dim
-        f = torch.cat([p[0] for p in m.local]) if m.local else torch.zeros(0, a.hb_aug_epochs, n_keep, D,
+        f = torch.cat([p[0] for p in m.local]) if m.local else torch.zeros(0, a.aug_epochs, n_keep, D,
                                                                             device=m.device)
-        y = torch.cat([p[1] for p in m.local]) if m.local else torch.zeros(0, a.hb_aug_epochs, n_keep, C,
+        y = torch.cat([p[1] for p in m.local]) if m.local else torch.zeros(0, a.aug_epochs, n_keep, C,
                                                                             device=m.device)
         return _gather(m, f, len(train)), _gather(m, y, len(train))
 
     return _predict_pass(ctx, features, train, step, end)
 
 
-def run_retrieval(ctx, spec: FeatureSpec, logger) -> dict[str, Any]:
-    """Hummingbird dense retrieval: mIoU at every memory size of --hb-memory."""
-    a, C, t0 = ctx.args, ctx.dm.num_classes, time.perf_counter()
+def run_retrieval(ctx, a: RetrievalOptions, spec: FeatureSpec, logger) -> dict[str, Any]:
+    """Hummingbird dense retrieval: mIoU at every memory size of --hb-memory (capped sizes warned and recorded)."""
+    ade, t0 = _ade_other(ctx, a), time.perf_counter()
+    C, ignore = ctx.dm.num_classes + ade, 0 if ade else 255  # ADE20K "other" kept: class 0 of 151, ignored
     features = FrozenFeatures(ctx.info.model, spec)
     h, w = (s // ctx.patch_size for s in ctx.dm.img_size)
-    n_img, E = len(ctx.dm.train_set), a.hb_aug_epochs
-    sizes = _memory_sizes(a)
-    n_per = {m: hb.per_image(m, n_img, E, h * w) for m in sizes}
-    bank_f, bank_y = build_memory(ctx, features, max(n_per.values()))
+    n_img, E = len(ctx.dm.train_set), a.aug_epochs
+    plans = {p.requested: p for p in hb.plan_memory(a.memory, n_img, E, h * w)}
+    n_per = {m: p.per_image for m, p in plans.items()}
+    bank_f, bank_y = build_memory(ctx, a, features, max(n_per.values()))
     banks = {m: hb.memory_bank(bank_f, bank_y, n) for m, n in n_per.items()}
     val = _val_view(ctx)
 
     def step(m, batch):
-        f = m.features(batch["image"])
-        return torch.stack([hb.confusion_of(f, batch["mask"], mf, my, C, a.hb_k, a.hb_temperature)
+        images, masks = hb.protocol_inputs(batch["image"], batch["mask"], a.std_typo, ade)
+        f = m.features(images)
+        return torch.stack([hb.confusion_of(f, masks, mf, my, C, a.k, a.temperature, ignore)
                             for mf, my in banks.values()])
 
     def end(m):
@@ -128,20 +137,24 @@ def run_retrieval(ctx, spec: FeatureSpec, logger) -> dict[str, Any]:
     for (size, (mf, _)), cm in zip(banks.items(), cms):
         res = matched_miou(cm, hungarian(cm))
         out[str(size)] = {"mIoU": 100 * res["mIoU"], "memory": int(mf.shape[0]), "per_image": n_per[size],
-                          "IoU": [100 * v for v in res["IoU"]]}
+                          "requested": size, "capped": plans[size].capped, "IoU": [100 * v for v in res["IoU"]]}
     if logger is not None and global_rank() == 0:
         for size, r in out.items():
             logger.experiment.add_scalar(f"retrieval/mIoU_mem{size}", r["mIoU"], 0)
         logger.experiment.flush()
-    return {"mIoU": out, "k": a.hb_k, "temperature": a.hb_temperature, "aug_epochs": E, "num_train": n_img,
-            "num_val": len(val), "seconds": time.perf_counter() - t0}
+    return {"mIoU": out, "k": a.k, "temperature": a.temperature, "aug_epochs": E, "num_train": n_img,
+            "num_val": len(val), "protocol": a.protocol.value, "train_set": ctx.dataset, "train_note": a.train_note,
+            "img_size": list(ctx.dm.img_size), "std": list(hb.REFERENCE_STD if a.std_typo else IMAGENET_STD),
+            "ade_other": ade, "num_classes": C, "effective_memory": {str(m): p.rows for m, p in plans.items()},
+            "capped": [m for m, p in plans.items() if p.capped], "seconds": time.perf_counter() - t0}
 
 
-def run_overcluster(ctx, spec: FeatureSpec, logger) -> dict[str, Any]:
-    """k-means on the validation patch features, K from --cluster-k, Hungarian / majority matching, mIoU."""
-    from .overcluster import overcluster, resolve_ks
-    a, C, t0 = ctx.args, ctx.dm.num_classes, time.perf_counter()
-    ks = resolve_ks(a.cluster_k, C)
+def run_overcluster(ctx, a: OverclusterOptions, spec: FeatureSpec, logger) -> dict[str, Any]:
+    """Leopart / NeCo overclustering of the validation patch features (``probes.overcluster``), K from --cluster-k:
+    mIoU mean and std over --cluster-seeds k-means runs."""
+    from .overcluster import ClusterSettings, overcluster, resolve_ks
+    C, t0 = ctx.dm.num_classes, time.perf_counter()
+    ks = resolve_ks(a.ks, C)
     features, val = FrozenFeatures(ctx.info.model, spec), _val_view(ctx)
     h, w = (s // ctx.patch_size for s in ctx.dm.img_size)
 
@@ -159,11 +172,12 @@ def run_overcluster(ctx, spec: FeatureSpec, logger) -> dict[str, Any]:
     feats, masks = _predict_pass(ctx, features, val, step, end)
     if global_rank() != 0:  # every rank took part in the extraction; rank 0 clusters and reports
         return {}
-    res = overcluster(feats, masks.cpu(), C, ks, seed=a.seed, max_iter=a.cluster_iters)
-    out = {str(k): {"mIoU": 100 * r["mIoU"], "matching": r["matching"], "IoU": [100 * v for v in r["IoU"]]}
+    res = overcluster(feats, masks.cpu(), C, ks, ClusterSettings(seeds=a.seeds, niter=a.iters))
+    out = {str(k): {"mIoU": 100 * r["mIoU"], "std": 100 * r["std"], "seeds": [100 * v for v in r["seeds"]],
+                    "matching": r["matching"], "pca_dim": r["pca_dim"], "IoU": [100 * v for v in r["IoU"]]}
            for k, r in res.items()}
     if logger is not None:
         for k, r in out.items():
             logger.experiment.add_scalar(f"overcluster/mIoU_K{k}", r["mIoU"], 0)
         logger.experiment.flush()
-    return {"mIoU": out, "seed": a.seed, "num_val": len(val), "seconds": time.perf_counter() - t0}
+    return {"mIoU": out, "seeds": a.seeds, "num_val": len(val), "seconds": time.perf_counter() - t0}

@@ -2,14 +2,16 @@
 In-context Scene Understanding*), as open-hummingbird-eval (vpariza, v2.0.0) evaluates it; written here from the
 paper and that code's behaviour, not copied.
 
-- Memory bank: every training image, augmented ``aug_epochs`` times (``hummingbird_view``: RandomResizedCrop with
-  scale (0.5, 2) shared by image and mask, then brightness / contrast / saturation / hue jitter 0.1, each with
-  p = 0.5), gives ``memory_size // (num_images * aug_epochs)`` patches (``sample_patches``: patches whose classes are
+- Memory bank: every training image, augmented ``aug_epochs`` times (``hummingbird_view``: the reference's colour
+  jitter on the whole image first, brightness / contrast / saturation / hue 0.1 each with p = 0.5, on the PIL image
+  as the reference; then RandomResizedCrop with scale (0.5, 2) shared by image and mask, bilinear on the float
+  image), gives ``memory_size // (num_images * aug_epochs)`` patches (``sample_patches``: patches whose classes are
   rare in the image first, ties broken by uniform noise), each stored as its L2-normalised feature and its label
   distribution (the class frequencies of its pixels; ignore pixels count as class 0, as in the reference).
 - A validation patch gets the labels of its k = 30 nearest memory patches (cosine similarity, exact search)
   averaged with the attention weights softmax(cos / 0.02); the label map is upsampled bilinearly to the mask, its
   argmax scored by ``probes.matching`` (Hungarian matching, as the reference's ``PredsmIoU``).
+- ``Protocol``: the project's default, or ``HUMMINGBIRD``, the reference's published setting (``settings_for``).
 
 Every random draw of an image comes from its own generator (seed, augmentation epoch, image index), so the memory
 is the same however the images are sharded over processes.
@@ -22,16 +24,100 @@ is the same however the images are sharded over processes.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+import warnings
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from datamodules.transforms.dense import resize_image, resize_target
+from datamodules.transforms.dense import resize_target
+from datamodules.transforms.views import IMAGENET_MEAN, IMAGENET_STD, random_resized_crop_box
 
 K_NEIGHBOURS = 30      # the reference's n_neighbours
 TEMPERATURE = 0.02     # the reference's cross-attention beta
 PAPER_MEMORY = (1024 * 10 ** 2, 1024 * 10 ** 3, 1024 * 10 ** 4)  # the memory sizes open-hummingbird-eval reports
+REFERENCE_STD = (0.229, 0.224, 0.255)  # open-hummingbird-eval's IMAGENET_STD: 0.255 for 0.225, in its figures too
+
+
+class Protocol(str, Enum):
+    """--protocol: the project's retrieval setting, or the one open-hummingbird-eval's published figures use."""
+    PROJECT = "project"
+    HUMMINGBIRD = "hummingbird"
+
+
+@dataclass(frozen=True)
+class RetrievalSettings:
+    """What a protocol fixes (flags given explicitly win)."""
+    aug_epochs: int                # augmented views of each training image
+    img_size: Optional[int]        # input size (None: the task's; floored to patch multiples)
+    memory: tuple[int, ...]        # memory sizes in patches
+    trainaug: bool                 # VOC: the 10,582 SBD train_aug images (voc_aug) instead of VOC train
+    std_typo: bool                 # normalise with REFERENCE_STD (its 0.255) instead of ImageNet's
+    ade_other: bool                # ADE20K: "other" (raw label 0) a class of its own, ignored when scoring
+
+
+PROTOCOLS = {
+    Protocol.PROJECT: RetrievalSettings(aug_epochs=1, img_size=None, memory=PAPER_MEMORY, trainaug=False,
+                                        std_typo=False, ade_other=False),
+    # open-hummingbird-eval README: VOC trainaug, 2 augmentation epochs, 512 px, memory 1024 x 10^2..10^4
+    Protocol.HUMMINGBIRD: RetrievalSettings(aug_epochs=2, img_size=512, memory=PAPER_MEMORY, trainaug=True,
+                                            std_typo=True, ade_other=True),
+}
+
+
+def resolve_settings(protocol: Protocol, aug_epochs: Optional[int] = None, memory: Optional[Sequence[int]] = None,
+                     std_typo: Optional[bool] = None, img_size: Optional[int] = None) -> RetrievalSettings:
+    """The protocol's settings with the values given explicitly (not None) in their place."""
+    given = {"aug_epochs": aug_epochs, "memory": tuple(memory) if memory else None, "std_typo": std_typo,
+             "img_size": img_size}
+    return replace(PROTOCOLS[Protocol(protocol)], **{k: v for k, v in given.items() if v is not None})
+
+
+def protocol_inputs(images: torch.Tensor, masks: torch.Tensor, std_typo: bool,
+                    ade_other: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images and masks as the protocol reads them: the std typo folded into the images (``reference_std_input``),
+    ADE20K's raw ids with "other" = 0 restored (``restore_zero_label``)."""
+    if ade_other:
+        from datamodules.datasets.ade20k import restore_zero_label
+        masks = ([restore_zero_label(torch.as_tensor(m)) for m in masks] if isinstance(masks, (list, tuple))
+                 else restore_zero_label(torch.as_tensor(masks)))
+    return (reference_std_input(images) if std_typo else images), masks
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """One memory size: what was asked, what each view gives, the rows the memory holds."""
+    requested: int
+    per_image: int
+    rows: int
+    capped: bool  # the request exceeds every patch of every view: the memory holds fewer rows than asked
+
+
+def plan_memory(sizes: Sequence[int], num_images: int, aug_epochs: int, num_patches: int) -> list[MemoryPlan]:
+    """The memory each requested size gives; warns for each size capped by the patches available (the reference
+    would fail there: its ``topk`` asks for more patches than a view has)."""
+    plans = []
+    for m in sizes:
+        n = per_image(m, num_images, aug_epochs, num_patches)
+        capped = int(m) // max(1, num_images * aug_epochs) > num_patches
+        plans.append(MemoryPlan(int(m), n, n * num_images * aug_epochs, capped))
+        if capped:
+            warnings.warn(f"retrieval memory {m} is capped at {plans[-1].rows} patches: {num_images} images x "
+                          f"{aug_epochs} views x {num_patches} patches is all there is (results.json: mIoU[{m}]"
+                          "['memory']); more images (VOC trainaug), views (--hb-aug-epochs) or a larger input "
+                          "make it the size asked", stacklevel=2)
+    return plans
+
+
+def reference_std_input(img: torch.Tensor) -> torch.Tensor:
+    """uint8 / [0, 1] float (..., 3, H, W) -> float such that the ImageNet normalisation of the probes
+    (``views.normalize``) gives ``(x - mean) / REFERENCE_STD``: the reference's std typo, reproduced."""
+    x = img.float() / 255.0 if img.dtype == torch.uint8 else img.float()
+    m = torch.tensor(IMAGENET_MEAN, device=x.device).view(3, 1, 1)
+    ratio = torch.tensor([a / b for a, b in zip(IMAGENET_STD, REFERENCE_STD)], device=x.device).view(3, 1, 1)
+    return m + (x - m) * ratio
 
 
 def image_generator(seed: int, epoch: int, index: int) -> torch.Generator:
@@ -40,51 +126,71 @@ def image_generator(seed: int, epoch: int, index: int) -> torch.Generator:
 
 
 def _uniform(g: torch.Generator, lo: float, hi: float) -> float:
-    return lo + (hi - lo) * float(torch.rand(1, generator=g))
+    """One float32 draw in [lo, hi), as torchvision draws its factors and box shares (``torch.empty(1).uniform_``)."""
+    return float(torch.empty(1).uniform_(lo, hi, generator=g))
 
 
 def crop_box(h: int, w: int, g: torch.Generator, scale=(0.5, 2.0), ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
-    """(top, left, height, width) of torchvision's RandomResizedCrop box sampling, from generator ``g``: ten tries
-    at an area in ``scale`` x image area and a log-uniform aspect ratio, else the whole image at the clamped ratio."""
-    area = h * w
+    """(top, left, height, width): torchvision's RandomResizedCrop box search (``views.random_resized_crop_box``),
+    its area share and log-uniform aspect ratio, then the offsets, drawn from generator ``g``."""
     log_r = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target = area * _uniform(g, *scale)
-        r = math.exp(_uniform(g, *log_r))
-        cw, ch = int(round(math.sqrt(target * r))), int(round(math.sqrt(target / r)))
-        if 0 < cw <= w and 0 < ch <= h:
-            top = int(torch.randint(0, h - ch + 1, (1,), generator=g))
-            left = int(torch.randint(0, w - cw + 1, (1,), generator=g))
-            return top, left, ch, cw
-    in_ratio = w / h
-    if in_ratio < ratio[0]:
-        cw, ch = w, int(round(w / ratio[0]))
-    elif in_ratio > ratio[1]:
-        ch, cw = h, int(round(h * ratio[1]))
-    else:
-        cw, ch = w, h
-    return (h - ch) // 2, (w - cw) // 2, ch, cw
+
+    def draw():
+        return _uniform(g, *scale), math.exp(_uniform(g, *log_r))
+
+    def place(dh: int, dw: int):
+        return (int(torch.randint(0, dh + 1, (1,), generator=g)), int(torch.randint(0, dw + 1, (1,), generator=g)))
+    return random_resized_crop_box(h, w, scale, ratio, draw, place)
 
 
-def _jitter(img: torch.Tensor, g: torch.Generator, strength: float = 0.1, p: float = 0.5) -> torch.Tensor:
-    """The reference's colour block: brightness, contrast, saturation, hue, each applied with probability p."""
-    import torchvision.transforms.functional as TF
-    ops = (TF.adjust_brightness, TF.adjust_contrast, TF.adjust_saturation, TF.adjust_hue)
-    for i, op in enumerate(ops):
+JITTER_OPS = ("brightness", "contrast", "saturation", "hue")  # the reference's order, each its own RandomApply
+
+
+@dataclass(frozen=True)
+class ViewDraws:
+    """The random choices of one training view: the jitter ops applied, in order, with their factors; the box."""
+    jitter: tuple[tuple[str, float], ...]
+    box: tuple[int, int, int, int]
+
+
+def draw_view(h: int, w: int, g: torch.Generator, strength: float = 0.1, p: float = 0.5) -> ViewDraws:
+    """The draws of ``hummingbird_view`` for an (h, w) image: each jitter op with probability p (factor in
+    [1 - s, 1 + s], hue in [-s, s]), then the crop box."""
+    ops = []
+    for name in JITTER_OPS:
         if float(torch.rand(1, generator=g)) < p:
-            factor = _uniform(g, -strength, strength) if i == 3 else _uniform(g, 1 - strength, 1 + strength)
-            img = op(img, factor)
-    return img
+            ops.append((name, _uniform(g, -strength, strength) if name == "hue" else
+                        _uniform(g, 1 - strength, 1 + strength)))
+    return ViewDraws(tuple(ops), crop_box(h, w, g))
+
+
+def colour_jitter(image: torch.Tensor, ops: Sequence[tuple[str, float]]) -> torch.Tensor:
+    """uint8 (3, H, W) -> uint8: the jitter ops run by torchvision on the PIL image, as the reference's ColorJitter
+    on its PIL input (every rounding, and hue's uint8 HSV round trip, are PIL's)."""
+    if not ops:
+        return image
+    import torchvision.transforms.functional as TF
+    pil = TF.to_pil_image(image)
+    for name, factor in ops:
+        pil = getattr(TF, f"adjust_{name}")(pil, factor)
+    return TF.pil_to_tensor(pil)
+
+
+def apply_view(image: torch.Tensor, mask: torch.Tensor, size: tuple[int, int],
+               d: ViewDraws) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's training view with the draws ``d``: jitter on the whole image, then the box shared by image
+    and mask, resized to ``size`` (h, w): the image bilinear (antialiased) as a float in [0, 1] (the reference
+    resizes its float tensor: no rounding back to uint8), the mask nearest."""
+    top, left, ch, cw = d.box
+    crop = colour_jitter(image, d.jitter)[None, :, top:top + ch, left:left + cw].float() / 255.0
+    view = F.interpolate(crop, size=tuple(size), mode="bilinear", align_corners=False, antialias=True)[0]
+    return view, resize_target(mask[top:top + ch, left:left + cw].contiguous(), size)
 
 
 def hummingbird_view(image: torch.Tensor, mask: torch.Tensor, size: tuple[int, int],
                      g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 (3, H, W) image and (H, W) mask -> the memory's training view at ``size`` (h, w). Deviation: on uint8
-    tensors, not PIL images (jitter rounding differs by at most one grey level)."""
-    top, left, ch, cw = crop_box(image.shape[-2], image.shape[-1], g)
-    img = resize_image(image[:, top:top + ch, left:left + cw].contiguous(), size)
-    m = resize_target(mask[top:top + ch, left:left + cw].contiguous(), size)
-    return _jitter(img, g), m
+    """uint8 (3, H, W) image and (H, W) mask -> the memory's training view at ``size``, its draws from ``g``."""
+    return apply_view(image, mask, size, draw_view(image.shape[-2], image.shape[-1], g))
 
 
 def patch_labels(mask: torch.Tensor, patch: int, num_classes: int) -> torch.Tensor:
@@ -168,11 +274,13 @@ def memory_bank(feats: torch.Tensor, labels: torch.Tensor, n: int) -> tuple[torc
 
 
 def confusion_of(feats: torch.Tensor, masks, memory: torch.Tensor, labels: torch.Tensor, num_classes: int,
-                 k: int = K_NEIGHBOURS, temperature: float = TEMPERATURE) -> torch.Tensor:
-    """(C, C) confusion counts of the retrieval labelling of (B, D, h, w) validation features against masks."""
+                 k: int = K_NEIGHBOURS, temperature: float = TEMPERATURE, ignore_index: int = 255) -> torch.Tensor:
+    """(C, C) confusion counts of the retrieval labelling of (B, D, h, w) validation features against masks
+    (pixels labelled ``ignore_index`` skipped: 255, or 0 for ADE20K with "other" kept, as the reference)."""
     from .matching import confusion
     cm = torch.zeros(num_classes, num_classes, dtype=torch.long)
     for f, mask in zip(feats, masks):
         dist = retrieve(f.flatten(1).T, memory.to(f.device), labels, k, temperature)
-        cm += confusion(mask, label_map(dist, tuple(f.shape[-2:]), mask.shape[-2:]), num_classes, num_classes)
+        cm += confusion(mask, label_map(dist, tuple(f.shape[-2:]), mask.shape[-2:]), num_classes, num_classes,
+                        ignore_index)
     return cm

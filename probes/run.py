@@ -7,31 +7,41 @@
 
 Output: runs/<variant | variant_random | pixels>/probe/<task>/version_N/{results.json, events.*, head*.pt};
 results.json follows the one schema of tokenmix/results.py. How each kind of probe runs: probes/kinds.py.
+
+The flags (over a --config file's defaults) become one typed ``ProbeConfig`` here, once (``make_config``); below
+this file nothing reads the command line: each kind gets its own options (probes/options.py).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
-
+from typing import Any, Callable, Optional
 
 from datamodules.demo import is_demo
 from tokenmix import paths
-from tokenmix.cli import eval_parent_parser, finish_eval_args
+from tokenmix.cli import BackboneFlags, Launch, eval_parent_parser, finish_eval_args
 from tokenmix.io import CheckpointError
 from tokenmix.knn import DEFAULT_KS
-from tokenmix.launch import LaunchError, count_devices, global_rank, install_stop_handlers
+from tokenmix.launch import LaunchError, count_devices, global_rank, install_stop_handlers, on_gpu
 from tokenmix.precision import device_line
 from tokenmix.results import backbone_entry, write_results
 
 from .backbone import checkpoint_path, resolve_backbone
-from .data import probe_datamodule, resolve_data
+from .copy_detection import copy_detection_config
+from .data import DATAMODULES, probe_datamodule, probe_dataset, voc_trainaug
+from .davis_probe import DavisSettings, PropagationConfig
+from .global_features import image_level_flags
+from .headless import memory_sizes
+from .image_retrieval import retrieval_config
 from .kinds import KINDS, ProbeContext, summary
-from .kinds import _device as kind_device
-from .retrieval import K_NEIGHBOURS, PAPER_MEMORY, TEMPERATURE
-from .tasks import ALT_KINDS, TASKS, Kind, get_task
+from .options import (BinNorm, DepthHead, DepthOptions, Head, KindOptions, KnnOptions, LinearOptions,
+                      OverclusterOptions, RetrievalOptions, SegOptions, Solver, Training)
+from .retrieval import K_NEIGHBOURS, TEMPERATURE, Protocol, resolve_settings
+from .tasks import ALT_KINDS, TASKS, Kind, TaskSpec, get_task
+from .trainer import lightning_console
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,15 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--img-size", default=None, help="probe input size 'S' or 'H,W' (default: per task, see docs)")
     p.add_argument("--patch-size", type=int, default=None,
                    help="patch size of --ckpt pixels (default: demo 8, else 16)")
-    p.add_argument("--head", choices=("linear", "linear4"), default="linear",
+    p.add_argument("--head", choices=[h.value for h in Head], default="linear",
                    help="segmentation: last block (linear) or last 4 blocks (linear4)")
     p.add_argument("--cls", dest="with_cls", action="store_true", default=None,
                    help="concatenate [CLS] to the patch tokens (default: on for depth, off for segmentation)")
     p.add_argument("--no-cls", dest="with_cls", action="store_false")
-    p.add_argument("--depth-head", choices=("bins", "regression"), default="bins")
-    p.add_argument("--bin-norm", choices=("linear", "softmax"), default="linear",
+    p.add_argument("--depth-head", choices=[h.value for h in DepthHead], default="bins")
+    p.add_argument("--bin-norm", choices=[n.value for n in BinNorm], default="linear",
                    help="bins -> probabilities: DINOv2's 'linear' (relu + 0.1, normalise) or softmax")
-    p.add_argument("--solver", choices=("sgd", "ridge"), default="sgd",
+    p.add_argument("--solver", choices=[v.value for v in Solver], default="sgd",
                    help="segmentation: the trained BN + linear head (sgd, the protocol) or the closed-form ridge probe "
                    "of the pretraining's DenseProbeCheck (probes/ridge.py)")
     p.add_argument("--ridge-lambda", type=float, default=1e-2, help="--solver ridge: penalty (x number of patches)")
@@ -70,14 +80,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-samples", type=int, default=None, help="use the first N samples of each split")
     p.add_argument("--knn-k", default=",".join(map(str, DEFAULT_KS)), help="k-NN: comma-separated k values")
     p.add_argument("--knn-t", type=float, default=0.07, help="k-NN temperature")
-    p.add_argument("--hb-memory", default=",".join(map(str, PAPER_MEMORY)),
-                   help="retrieval: memory sizes in patches (each capped at every patch of every view)")
+    p.add_argument("--protocol", choices=[v.value for v in Protocol], default=Protocol.PROJECT.value, help="retrieval:"
+                   " 'hummingbird' = the reference's published setting (docs/probes.md); explicit flags win")
+    p.add_argument("--hb-memory", default=None, help="retrieval: memory sizes in patches (default 1024 x 10^2, "
+                   "10^3, 10^4; each capped at every patch of every view, with a warning)")
     p.add_argument("--hb-k", type=int, default=K_NEIGHBOURS, help="retrieval: nearest neighbours per patch")
     p.add_argument("--hb-temperature", type=float, default=TEMPERATURE, help="retrieval: attention temperature")
-    p.add_argument("--hb-aug-epochs", type=int, default=1, help="retrieval: augmented views of each training image")
+    p.add_argument("--hb-aug-epochs", type=int, default=None, help="retrieval: views of each training image (1 or 2)")
+    p.add_argument("--hb-std-typo", action=argparse.BooleanOptionalAction, default=None,
+                   help="retrieval: normalise with the reference's std (0.229, 0.224, 0.255) (default: hummingbird)")
     p.add_argument("--cluster-k", default="1x,2x,5x,10x",
                    help="overcluster: K values, 'Nx' = N x the number of classes (e.g. '1x,100,300')")
-    p.add_argument("--cluster-iters", type=int, default=100, help="overcluster: at most this many k-means iterations")
+    p.add_argument("--cluster-iters", type=int, default=100, help="overcluster: faiss k-means iterations (niter)")
+    p.add_argument("--cluster-seeds", type=int, default=5,
+                   help="overcluster: k-means runs (seeds 0..N-1), reported as mean and std (Leopart / NeCo: 5)")
+    p.add_argument("--davis", default="", help="davis: 'key=value,...' of probes.davis.PropagationConfig")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--accelerator", default="auto")
     p.add_argument("--seed", type=int, default=0)
@@ -86,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action="store_true", help="show the Lightning progress bar")
     p.add_argument("--print-config", "--print_config", action="store_true",
                    help="print the resolved settings (config file + flags) as YAML and exit")
-    return p
+    return image_level_flags(p)  # roxford5k / rparis6k / copydays (probes/global_features.py)
 
 
 def parse_layers(layer: str, depth: int) -> list[Optional[list[int]]]:
@@ -106,7 +123,8 @@ def parse_layers(layer: str, depth: int) -> list[Optional[list[int]]]:
     return [[b % depth] for b in blocks]
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse_flags(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """The command line over the --config file's defaults (top level, then its ``tasks: {<task>: ...}``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.config:
@@ -126,7 +144,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
-def resolve_kind(task, kind: str) -> Optional[Kind]:
+def resolve_kind(task: TaskSpec, kind: str) -> Optional[Kind]:
     """--kind: '' or the task's own kind -> None; a head-free kind the task's data feeds (tasks.ALT_KINDS)."""
     kind = (kind or "").strip()
     if not kind or kind == task.kind.value:
@@ -140,89 +158,209 @@ def resolve_kind(task, kind: str) -> Optional[Kind]:
     return Kind(kind)
 
 
+# --------------------------------------------------------------------------- the run's one typed config
+
+@dataclass(frozen=True)
+class ProbeData:
+    """The task's data: which dataset, the probe input, the loaders."""
+    data: str        # --data ('demo', a dataset name, your own layout)
+    data_root: str
+    size: tuple[int, int]  # probe input (H, W): --img-size, else the task's (demo: its demo size)
+    batch_size: int        # per device: --batch-size, else the kind's
+    num_workers: int
+    aug: bool              # not --no-aug (the linear probe's training view)
+    train_split: str
+    val_split: Optional[str]  # None: the task's (val; depth: test)
+    max_samples: Optional[int]
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Everything one ``make probe`` reads, typed and resolved once from the flags (``make_config``)."""
+    task: TaskSpec
+    kind: Optional[Kind]          # --kind: None = the task's own, else a head-free kind (tasks.ALT_KINDS)
+    backbone: BackboneFlags
+    checkpoint: Optional[Path]    # the file --ckpt names (None: random / pixels), found once before the data
+    seed: int
+    patch_size: int               # of --ckpt pixels
+    data: ProbeData
+    layer: str                    # --layer
+    launch: Launch
+    progress: bool
+    options: KindOptions          # the running kind's own (probes/options.py)
+    runs_dir: Path
+    record: dict[str, Any]        # the resolved flags, as results.json's config records them
+
+    @property
+    def probe_kind(self) -> Kind:
+        return self.kind or self.task.kind
+
+
+def _training(f: argparse.Namespace) -> Training:
+    return Training(max_epochs=f.max_epochs, lr=f.lr, cache=not f.no_cache, cache_fp16=f.cache_fp16)
+
+
+def _knn(f: argparse.Namespace) -> KnnOptions:
+    return KnnOptions(ks=tuple(int(k) for k in str(f.knn_k).split(",") if k.strip()), temperature=f.knn_t)
+
+
+def _linear(f: argparse.Namespace) -> LinearOptions:
+    return LinearOptions(_training(f), aug=not f.no_aug)
+
+
+def _seg(f: argparse.Namespace) -> SegOptions:
+    return SegOptions(_training(f), Head(f.head), f.with_cls, Solver(f.solver), f.ridge_lambda)
+
+
+def _depth(f: argparse.Namespace) -> DepthOptions:
+    return DepthOptions(_training(f), Head(f.head), f.with_cls, DepthHead(f.depth_head), BinNorm(f.bin_norm))
+
+
+def _retrieval(f: argparse.Namespace) -> RetrievalOptions:
+    s = resolve_settings(Protocol(f.protocol), f.hb_aug_epochs, memory_sizes(f.hb_memory) if f.hb_memory else None,
+                         f.hb_std_typo)
+    return RetrievalOptions(memory=s.memory, k=f.hb_k, temperature=f.hb_temperature, aug_epochs=s.aug_epochs,
+                            seed=f.seed, protocol=Protocol(f.protocol), std_typo=s.std_typo, ade_other=s.ade_other,
+                            trainaug=s.trainaug)
+
+
+def _overcluster(f: argparse.Namespace) -> OverclusterOptions:
+    return OverclusterOptions(ks=f.cluster_k, iters=f.cluster_iters, seeds=f.cluster_seeds)
+
+
+def _davis(f: argparse.Namespace) -> DavisSettings:
+    return DavisSettings(PropagationConfig.parse(f.davis), batch_size=f.batch_size or 8, split=f.val_split or "val",
+                         max_sequences=f.max_samples)
+
+
+def _protocol_size(f: argparse.Namespace, kind: Kind) -> Optional[str]:
+    """--img-size, else the retrieval protocol's input size (hummingbird: 512), else None (the task's)."""
+    if f.img_size or kind != Kind.RETRIEVAL:
+        return f.img_size
+    size = resolve_settings(Protocol(f.protocol)).img_size
+    return str(size) if size else None
+
+
+# each kind's options from the flags: the only place that reads them
+OPTIONS: dict[Kind, Callable[[argparse.Namespace], KindOptions]] = {
+    Kind.KNN: _knn, Kind.LINEAR: _linear, Kind.SEG: _seg, Kind.DEPTH: _depth, Kind.RETRIEVAL: _retrieval,
+    Kind.OVERCLUSTER: _overcluster, Kind.DAVIS: _davis,
+    Kind.IMAGE_RETRIEVAL: lambda f: retrieval_config(f.task.strip(), f.img_size, f.multiscale, f.whole_queries),
+    Kind.COPY_DETECTION: lambda f: copy_detection_config(f.task.strip(), f.img_size, f.batch_size, f.whitening_root,
+                                                         f.distractors_root)}
+
+
+def _size(img_size: Optional[str], task: TaskSpec, demo: bool) -> tuple[int, int]:
+    if not img_size:
+        return tuple(task.demo_img_size if demo else task.img_size)
+    size = tuple(int(v) for v in str(img_size).split(","))
+    return size * 2 if len(size) == 1 else size
+
+
+def make_config(f: argparse.Namespace) -> ProbeConfig:
+    """The run's config from the parsed flags: the task and kind looked up, the shared eval flags checked
+    (``tokenmix.cli.finish_eval_args``), --quick applied, the kind's options built, and the checkpoint file found
+    (a wrong CKPT fails before the data is opened or generated)."""
+    task = get_task(f.task.strip())
+    kind = resolve_kind(task, f.kind)
+    probe_kind = kind or task.kind
+    if f.solver == Solver.RIDGE.value and probe_kind != Kind.SEG:
+        raise ValueError(f"--solver ridge is for segmentation tasks, not {probe_kind.value}")
+    demo = is_demo(f.data)
+    ev = finish_eval_args(f, demo=demo, accelerator=f.accelerator)
+    max_epochs, max_samples = (f.max_epochs or 2, f.max_samples or 16) if f.quick else (f.max_epochs, f.max_samples)
+    f = argparse.Namespace(**{**vars(f), "max_epochs": max_epochs, "max_samples": max_samples})
+    record = {**vars(f), "variant": ev.backbone.variant, "ckpt": ev.backbone.ckpt, "data": ev.data,
+              "arch": ev.backbone.arch, "num_nodes": ev.launch.num_nodes}
+    data = ProbeData(ev.data, ev.data_root, _size(_protocol_size(f, probe_kind), task, demo),
+                     f.batch_size or KINDS[probe_kind].batch_size, f.num_workers, not f.no_aug, f.train_split,
+                     f.val_split, max_samples)
+    return ProbeConfig(task, kind, ev.backbone, checkpoint_path(ev.backbone.ckpt, ev.backbone.variant), f.seed,
+                       f.patch_size or (8 if demo else 16), data, f.layer, ev.launch, f.progress,
+                       OPTIONS[probe_kind](f), Path(f.runs_dir) if f.runs_dir else paths.RUNS, record)
+
+
+def parse_args(argv: Optional[list[str]] = None) -> ProbeConfig:
+    """The command line (and its --config file) -> the run's ``ProbeConfig``."""
+    return make_config(parse_flags(argv))
+
+
 def run_name(ctx: ProbeContext) -> str:
     """The task's folder and results.json name: voc, or voc_retrieval for a head-free kind on it."""
     return ctx.task.name if ctx.kind is None else f"{ctx.task.name}_{ctx.kind.value}"
 
 
-def build_context(args) -> ProbeContext:
+def build_context(cfg: ProbeConfig) -> ProbeContext:
     """The backbone, the task's DataModule (both splits, subset by --max-samples) and the probe input size."""
-    task = get_task(args.task.strip())
-    kind = resolve_kind(task, args.kind)
-    demo = is_demo(args.data)
-    checkpoint_path(args.ckpt, args.variant)  # a wrong CKPT fails before the data is opened (or generated),
-    name, root = resolve_data(task, args.data, args.data_root)  # and a wrong DATA_ROOT before weights are read
-    info = resolve_backbone(args.ckpt, args.variant, args.arch, args.patch_size or (8 if demo else 16),
-                            seed=args.seed, which=args.which)
-    if args.img_size:
-        size = tuple(int(v) for v in str(args.img_size).split(","))
-        size = size * 2 if len(size) == 1 else size
-    else:
-        size = task.demo_img_size if demo else task.img_size
-    dm = probe_datamodule(task, name, root, size, getattr(info.model, "patch_size", 16), num_workers=args.num_workers,
-                          batch_size=args.batch_size or KINDS[kind or task.kind].batch_size, aug=not args.no_aug,
-                          train_split=args.train_split, val_split=args.val_split, max_samples=args.max_samples)
-    dm.setup("fit")
-    return ProbeContext(args, task, info, dm, tuple(size), name, root, kind=kind)
+    d, b = cfg.data, cfg.backbone
+    name, root = probe_dataset(cfg.task, d.data, d.data_root)  # a wrong DATA_ROOT fails before weights are read
+    options = cfg.options
+    if isinstance(options, RetrievalOptions) and options.trainaug:  # the retrieval protocol's VOC trainaug
+        name, note = voc_trainaug(name, root)
+        if note:
+            import warnings
+            warnings.warn(note, stacklevel=2)
+            options = replace(options, train_note=note)
+    info = resolve_backbone(b.ckpt, b.variant, b.arch, cfg.patch_size, seed=cfg.seed, which=b.which.value,
+                            path=cfg.checkpoint)
+    dm = None  # a task whose kind has no DataModule (davis) reads its own data
+    if cfg.task.kind in DATAMODULES:
+        dm = probe_datamodule(cfg.task, name, root, d.size, getattr(info.model, "patch_size", 16),
+                              num_workers=d.num_workers, batch_size=d.batch_size, aug=d.aug,
+                              train_split=d.train_split, val_split=d.val_split, max_samples=d.max_samples)
+        dm.setup("fit")
+    return ProbeContext(cfg.task, info, dm, d.size, name, root, cfg.launch, options, cfg.progress,
+                        kind=cfg.kind)
 
 
-def run_layers(ctx: ProbeContext, logger) -> tuple[dict[str, Any], Optional[dict]]:
+def run_layers(ctx: ProbeContext, layer: str, logger) -> tuple[dict[str, Any], Optional[dict]]:
     """One probe per block selection of --layer: (metrics, the last probe's feature spec)."""
     from lightning.pytorch.loggers import TensorBoardLogger
     kind = KINDS[ctx.probe_kind]
-    layers = parse_layers(ctx.args.layer, ctx.depth)
+    layers = parse_layers(layer, ctx.depth)
     per_layer, spec = {}, None
     for blocks in layers:
         key = "default" if blocks is None else f"block_{blocks[0]}"
         sub = logger if len(layers) == 1 else TensorBoardLogger(save_dir=str(ctx.log_dir), name=key, version="",
                                                                 default_hp_metric=False)
-        spec = kind.features(ctx.args, ctx.depth, blocks)
+        spec = kind.features(ctx.options, ctx.depth, blocks)
         per_layer[key] = kind.run(ctx, spec, sub, key)
     metrics = per_layer["default"] if list(per_layer) == ["default"] else {"layers": per_layer}
     return metrics, None if spec is None else spec.describe()
 
 
-def write_probe_results(ctx: ProbeContext, metrics: dict, features: Optional[dict]) -> Path:
-    args, info = ctx.args, ctx.info
-    config = {**vars(args), "dataset": ctx.dataset, "data_root": str(ctx.root), "img_size": list(ctx.size),
-              "features": features, "val_split": args.val_split or ctx.task.val_split,
-              "num_train": len(ctx.dm.train_set), "num_val": len(ctx.dm.val_set)}
+def write_probe_results(cfg: ProbeConfig, ctx: ProbeContext, metrics: dict, features: Optional[dict]) -> Path:
+    info = ctx.info
+    config = {**cfg.record, "dataset": ctx.dataset, "data_root": str(ctx.root), "img_size": list(ctx.size),
+              "features": features, "val_split": cfg.data.val_split or ctx.task.val_split,
+              **({} if ctx.dm is None else {"num_train": len(ctx.dm.train_set), "num_val": len(ctx.dm.val_set)})}
     marker = ctx.root / ".demo_complete.json"
     if is_demo(ctx.dataset) and marker.is_file():  # which generation of the demo data was measured
         config["demo_data"] = json.loads(marker.read_text())
-    return write_results(ctx.log_dir, task=run_name(ctx), variant=info.run_name, data=args.data, metrics=metrics,
-                         config=config, backbone=backbone_entry(info.config, info.checkpoint, info.sha256,
-                                                                info.source))
+    return write_results(ctx.log_dir, task=run_name(ctx), variant=info.run_name, data=cfg.data.data,
+                         metrics=metrics, config=config,
+                         backbone=backbone_entry(info.config, info.checkpoint, info.sha256, info.source))
 
 
-def main(argv: Optional[list[str]] = None) -> Optional[Path]:
-    args = parse_args(argv)
-    if args.print_config:
-        get_task(args.task.strip())  # an unknown task is an error here too
-        import yaml
-        print(yaml.safe_dump({k: v for k, v in vars(args).items() if k != "print_config"}, sort_keys=False))
-        return None
-    finish_eval_args(args, demo=is_demo(args.data))
-    resolve_kind(get_task(args.task.strip()), args.kind)
-    if args.quick:
-        args.max_epochs = args.max_epochs or 2
-        args.max_samples = args.max_samples or 16
+def run(cfg: ProbeConfig) -> Path:
+    """One probe run of ``cfg``: results.json, TensorBoard events and heads in a fresh version folder."""
     import lightning as L
     from lightning.pytorch.loggers import TensorBoardLogger
-    L.seed_everything(args.seed, verbose=False)
-    ctx = build_context(args)
-    if global_rank() == 0:
-        print(f"[probe] {device_line(kind_device(args.accelerator))}", flush=True)  # GPU + bf16, or CPU fp32
-    probe_dir = (Path(args.runs_dir) if args.runs_dir else paths.RUNS) / ctx.info.run_name / "probe"
-    version = paths.run_version(probe_dir / run_name(ctx), count_devices(args.accelerator, args.devices) > 1)
+    L.seed_everything(cfg.seed, verbose=False)
+    ctx = build_context(cfg)
+    if global_rank() == 0:  # GPU + bf16, or CPU fp32
+        print(f"[probe] {device_line('cuda' if on_gpu(cfg.launch.accelerator) else 'cpu')}", flush=True)
+    probe_dir = cfg.runs_dir / ctx.info.run_name / "probe"
+    version = paths.run_version(probe_dir / run_name(ctx), count_devices(cfg.launch.accelerator,
+                                                                         cfg.launch.devices) > 1)
     logger = TensorBoardLogger(save_dir=str(probe_dir), name=run_name(ctx), version=version,
                                default_hp_metric=False)
     ctx.log_dir = Path(logger.log_dir)
     try:
-        metrics, features = run_layers(ctx, logger)
+        metrics, features = run_layers(ctx, cfg.layer, logger)
         if global_rank() != 0:  # the other processes of a multi-device run: rank 0 writes the results
             return ctx.log_dir / "results.json"
-        path = write_probe_results(ctx, metrics, features)
+        path = write_probe_results(cfg, ctx, metrics, features)
         if "layers" in metrics and KINDS[ctx.probe_kind].profile is not None:
             from .profile import plot_depth_profile
             plot_depth_profile(metrics["layers"], KINDS[ctx.probe_kind].profile, ctx.log_dir / "depth_profile.png",
@@ -232,6 +370,18 @@ def main(argv: Optional[list[str]] = None) -> Optional[Path]:
     print(f"[probe] {run_name(ctx)} on {ctx.info.run_name}: {summary(ctx.probe_kind, metrics)}\n"
           f"[probe] results: {path}")
     return path
+
+
+def main(argv: Optional[list[str]] = None) -> Optional[Path]:
+    flags = parse_flags(argv)
+    if flags.print_config:
+        get_task(flags.task.strip())  # an unknown task is an error here too
+        import yaml
+        print(yaml.safe_dump({k: v for k, v in vars(flags).items() if k != "print_config"}, sort_keys=False))
+        return None
+    cfg = make_config(flags)
+    with lightning_console():  # Lightning's device banner once per run, whatever the number of Trainers
+        return run(cfg)
 
 
 def cli() -> None:

@@ -17,7 +17,7 @@ def depth_eval_settings(dataset: str, ds=None) -> tuple[float, float, Optional[C
     carries its own (``custom_depth``: depth_scale, min/max depth, eval crop from its options) gives them itself."""
     if ds is not None and hasattr(ds, "eval_settings"):
         return ds.eval_settings()
-    from datamodules.transforms.depth import crop_mask, depth_clip, depth_config
+    from datamodules.depth_protocol import crop_mask, depth_clip, depth_config
     _, lo, hi, kind = depth_config(dataset)
     return lo, hi, (None if kind is None else partial(crop_mask, kind)), depth_clip(dataset)
 
@@ -30,6 +30,9 @@ class Kind(str, Enum):
     DEPTH = "depth"    # linear depth head (bins or regression) on patch tokens (+[CLS])
     RETRIEVAL = "retrieval"      # dense nearest-neighbour retrieval, no head (Hummingbird); --kind on a seg task
     OVERCLUSTER = "overcluster"  # k-means on patch tokens matched to classes, no head; --kind on a seg task
+    DAVIS = "davis"    # DAVIS-2017 video object segmentation by label propagation, no head (DINO)
+    IMAGE_RETRIEVAL = "image_retrieval"  # [CLS] retrieval, revisited Oxford / Paris mAP, no head (DINO, revisitop)
+    COPY_DETECTION = "copy_detection"    # [CLS] + GeM copy detection on Copydays, no head (DINO)
 
 
 # the kinds a task can be run with besides its own (--kind): the head-free dense probes read segmentation tasks
@@ -62,6 +65,13 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in [
     # your own data (docs/data.md "Your own data"); DATA names the dataset, --img-size the probe input
     TaskSpec("seg", Kind.SEG, "custom_seg", None, img_size=(448, 448)),
     TaskSpec("depth", Kind.DEPTH, "custom_depth", None, img_size=(448, 448)),
+    # frames at DINO's size (480 px short side, probes/davis.py), not img_size
+    TaskSpec("davis", Kind.DAVIS, "davis", None, img_size=(480, 832)),
+    # image level: img_size's first value is the longer side (retrieval) or the square side (copy detection);
+    # DINO's README commands: Oxford 224 single-scale, Paris 512 multi-scale; eval_copy_detection's 320
+    TaskSpec("roxford5k", Kind.IMAGE_RETRIEVAL, "roxford5k", None, img_size=(224, 224), val_split="query"),
+    TaskSpec("rparis6k", Kind.IMAGE_RETRIEVAL, "rparis6k", None, img_size=(512, 512), val_split="query"),
+    TaskSpec("copydays", Kind.COPY_DETECTION, "copydays", None, img_size=(320, 320), val_split="strong"),
 ]}
 
 

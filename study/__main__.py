@@ -14,6 +14,8 @@ import shlex
 import signal
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from datamodules.demo import is_demo
@@ -21,6 +23,7 @@ from tokenmix import paths
 
 from .cells import PRETRAIN, status
 from .plan import Spec, plan, write_plan
+from .slurm import SlurmOptions
 
 DEFAULT_VARIANTS = "softmax entmax registers specialization lastvit"
 DEFAULT_TASKS = "knn voc nyuv2 pib corloc"
@@ -84,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
       "write --pretrain-args='--trainer.max_epochs=3' (with '=': the value starts with '-')")
     a("--probe-args", default="", help="extra flags of every probe run")
     a("--analysis-args", default="", help="extra flags of every analysis run")
-    a("--launcher", default="local", choices=("local", "slurm"))
+    a("--launcher", default="local", choices=[v.value for v in Launcher])
     a("--dry-run", action="store_true", help="print the plan and what is already done; run nothing")
     a("--report-only", action="store_true", help="write the report from the finished cells; run nothing")
     a("--out", default="", help="report folder (default: <repo>/reports)")
@@ -104,7 +107,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def make_spec(args) -> Spec:
+class Launcher(str, Enum):
+    """--launcher: run the cells here, or write SLURM job scripts."""
+    LOCAL = "local"
+    SLURM = "slurm"
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Everything one ``make study`` reads, typed and resolved once from the flags (``make_config``)."""
+    spec: Spec
+    launcher: Launcher
+    dry_run: bool
+    report_only: bool
+    out: Path               # report folder
+    baseline: str
+    tensorboard: bool
+    slurm: SlurmOptions
+    rerun_flags: tuple[str, ...]  # the flags that re-create this spec (the slurm report job's command)
+
+
+def make_config(args: argparse.Namespace) -> StudyConfig:
+    """The study's config from the parsed flags (a ValueError names a flag and its expected form)."""
+    spec = make_spec(args)
+    slurm = SlurmOptions(args.nodes, args.gpus_per_node, args.ntasks_per_node, args.cpus_per_task, args.time,
+                         args.eval_time, args.partition, args.account, args.max_parallel)
+    return StudyConfig(spec, Launcher(args.launcher), args.dry_run, args.report_only,
+                       Path(args.out) if args.out else paths.REPO / "reports", args.baseline, not args.no_tensorboard,
+                       slurm, tuple(cli_args(args, spec)))
+
+
+def make_spec(args: argparse.Namespace) -> Spec:
     preset = args.preset or ("demo" if is_demo(args.data) else "paper")
     name = args.name or (preset if args.data == "demo" else f"{preset}-{args.data}")
     task_data = []
@@ -150,7 +183,7 @@ def describe(spec: Spec, cells, done, python: str, verbose: bool) -> str:
     return "\n".join(L)
 
 
-def cli_args(args, spec: Spec) -> list[str]:
+def cli_args(args: argparse.Namespace, spec: Spec) -> list[str]:
     """The flags that re-create this spec (for the slurm report job), as --flag=value: values may start with '-'."""
     pairs = [("name", spec.name), ("variants", " ".join(spec.variants)), ("seeds", ",".join(map(str, spec.seeds))),
              ("tasks", " ".join(spec.tasks)), ("at", args.at), ("preset", spec.preset), ("data", spec.data),
@@ -181,33 +214,36 @@ def _terminate_as_interrupt():
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        spec = make_spec(args)
+        cfg = make_config(build_parser().parse_args(argv))
     except ValueError as e:
         print(f"study error: {e}", file=sys.stderr)
         return 2
-    python = sys.executable
+    spec, python = cfg.spec, sys.executable
     cells = plan(spec)
     done = status(cells)
-    print(describe(spec, cells, done, python, verbose=args.dry_run), flush=True)
-    if args.dry_run:
+    print(describe(spec, cells, done, python, verbose=cfg.dry_run), flush=True)
+    if cfg.dry_run:
         return 0
     spec.root.mkdir(parents=True, exist_ok=True)
     plan_file = write_plan(spec, cells, python)
-    if args.launcher == "slurm" and not args.report_only:
-        from .slurm import SlurmOptions, write_scripts
-        opts = SlurmOptions(args.nodes, args.gpus_per_node, args.ntasks_per_node, args.cpus_per_task, args.time,
-                            args.eval_time, args.partition, args.account, args.max_parallel)
-        scripts = write_scripts(spec, cells, done, opts, plan_file, cli_args(args, spec))
+    if cfg.launcher == Launcher.SLURM and not cfg.report_only:
+        from .slurm import write_scripts
+        scripts = write_scripts(spec, cells, done, cfg.slurm, plan_file, list(cfg.rerun_flags))
         print(f"[study] job scripts: {', '.join(str(p) for p in scripts.values())}\n"
               f"[study] submit with: bash {scripts['submit.sh']}")
         return 0
+    return run(cfg, cells, done, python, shown=argv if argv is not None else sys.argv[1:])
+
+
+def run(cfg: StudyConfig, cells, done, python: str, shown: list[str]) -> int:
+    """The missing cells here, then the report (``--report-only``: the report alone)."""
     from .progress import Progress, StudyBoard
     from .report import collect, shown_command, write_report
-    board = None if args.no_tensorboard else StudyBoard(spec.root / "tensorboard")
+    spec = cfg.spec
+    board = StudyBoard(spec.root / "tensorboard") if cfg.tensorboard else None
     failures = []
-    if not args.report_only:
+    if not cfg.report_only:
         from .local import run_missing
         totals = {s: sum(c.stage == s for c in cells) for s in Progress.STAGES}
         already = {s: sum(c.stage == s and bool(done.get(c.id)) for c in cells) for s in Progress.STAGES}
@@ -224,14 +260,12 @@ def main(argv=None) -> int:
                   f"(state in {spec.root})", file=sys.stderr)
             return 130
         progress.show(final=True)
-    table = collect(spec, cells, status(cells), args.baseline)
-    out = Path(args.out) if args.out else paths.REPO / "reports"
-    report = write_report(spec, table, out, command="python -m study " + shown_command(
-        argv if argv is not None else sys.argv[1:]))
+    table = collect(spec, cells, status(cells), cfg.baseline)
+    report = write_report(spec, table, cfg.out, command="python -m study " + shown_command(shown))
     if board is not None:
         board.results(table, spec.root)
         board.close()
-    print(f"[study] report: {report} (+ {out / 'study.csv'}, plots); TensorBoard: {spec.root / 'tensorboard'}")
+    print(f"[study] report: {report} (+ {cfg.out / 'study.csv'}, plots); TensorBoard: {spec.root / 'tensorboard'}")
     for cid, why in failures:
         print(f"[study] not finished: {cid}: {why.splitlines()[0]}", file=sys.stderr)
     return 1 if failures else 0

@@ -2,7 +2,7 @@
 
 A ``Cell`` holds everything a runner needs: its command (after the python executable), the runs folder its CLI
 writes into, the checkpoint it writes or reads, its key and its marker path. The runners (``study.local``,
-``study.slurm``, ``python -m study.cell``) and the status read only these fields, never the spec.
+``study.slurm``, ``python -m study.record``) and the status read only these fields, never the spec.
 
 A finished cell leaves a marker ``<study>/done/<cell>/<key>.json`` (written atomically) holding its key and the
 sha256 of the checkpoint it made or used. A cell counts as done only when its marker exists and the checkpoint /

@@ -254,7 +254,7 @@ def _marker_path(spec: Spec, cell_id: str, key: str) -> Path:
 
 
 def write_plan(spec: Spec, cells: list[Cell], python: str) -> Path:
-    """plan.json: the spec and every resolved cell with its command (read by `python -m study.cell`)."""
+    """plan.json: the spec and every resolved cell with its command (read by `python -m study.record`)."""
     body = {"spec": {k: (str(v) if isinstance(v, Path) else v) for k, v in spec.__dict__.items()},
             "cells": [{**c.to_json(), "command": c.command(python)} for c in cells],
             "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pid": os.getpid()}

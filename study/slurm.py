@@ -10,7 +10,7 @@
   evaluations start when every pretraining task succeeded) and ``afterany:<evaluation array id>``; the ids come
   from ``sbatch --parsable``.
 
-After each cell its script records the marker (``python -m study.cell --record``), as the local runner does, so
+After each cell its script records the marker (``python -m study.record --record``), as the local runner does, so
 ``make study`` afterwards sees what the cluster finished.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ def _header(name: str, n: int, opts: SlurmOptions, out: Path, *, nodes: int, tas
 
 
 def _record(plan_file: Path, cell: Cell) -> str:
-    return f'"$PY" -m study.cell --plan {shlex.quote(str(plan_file))} --cell {shlex.quote(cell.id)} --record'
+    return f'"$PY" -m study.record --plan {shlex.quote(str(plan_file))} --cell {shlex.quote(cell.id)} --record'
 
 
 def pretrain_script(spec: Spec, cells: list[Cell], opts: SlurmOptions, plan_file: Path, logs: Path) -> str:

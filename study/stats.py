@@ -3,7 +3,8 @@
 A cell = one variant x one metric over n seeds: mean, sample standard deviation s (ddof=1) and standard
 error se = s / sqrt(n). The difference of a variant a to the baseline b is Δ = mean_a - mean_b with the
 unpaired (Welch) standard error se_Δ = sqrt(se_a² + se_b²). Δ is *inside seed noise* when
-|Δ| <= 2·se_Δ (within two standard errors), *outside* otherwise; undecided when either side has n < 2.
+|Δ| <= 2·se_Δ (within two standard errors: ``tokenmix.noise.inside_noise``, the rule the calibration's noise bands
+use too), *outside* otherwise; undecided when either side has n < 2.
 
     >>> a, b = summarize([1.0, 2.0, 3.0]), summarize([0.0, 0.0, 3.0])
     >>> round(a.std, 6), round(a.se, 6)
@@ -16,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
+
+from tokenmix.noise import inside_noise
 
 
 @dataclass(frozen=True)
@@ -51,4 +54,4 @@ def compare(a: Summary, b: Summary) -> Difference:
     if a.se is None or b.se is None:
         return Difference(delta, None, None)
     se = math.sqrt(a.se ** 2 + b.se ** 2)
-    return Difference(delta, se, abs(delta) <= 2 * se)
+    return Difference(delta, se, inside_noise(delta, se))

@@ -67,7 +67,7 @@ def test_cli_entry_point_missing_root():
     assert "DATA_ROOT is not set for dataset 'ade20k'" in r.stdout
 
 
-# --------------------------------------------------------------------------- refusals (issue 40)
+# --------------------------------------------------------------------------- refusals
 # Every way `make probe` refuses a split (the DatasetError raises of custom_seg / custom_depth / folder /
 # imagefolder and the real layouts) is, through check-data, a problem: listed, counted, exit 1. Only a split
 # whose folders do not exist at all stays a note ("absent"), and not with --require-all.

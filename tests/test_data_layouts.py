@@ -160,7 +160,10 @@ def test_datamodules_give_the_probe_views(tmp_path):
     assert b["image"].shape == (2, 3, 16, 24) and b["depth"].shape == (2, 16, 24)
     v = next(iter(dep.val_dataloader()))
     assert dep.val_set.split == "test" and v["depth"].shape == (2, mini.H, mini.W)
-    assert dep.eval_mask(v["depth"]).shape == (2, mini.H, mini.W)
+    d, (H, W) = v["depth"], (mini.H, mini.W)  # NYU: the Eigen crop (45:471, 41:601 of 480x640, as fractions here)
+    eigen = torch.zeros(H, W, dtype=torch.bool)
+    eigen[int(45 / 480 * H):int(471 / 480 * H), int(41 / 640 * W):int(601 / 640 * W)] = True
+    assert torch.equal(dep.eval_mask(d), eigen & (d > 1e-3) & (d < 10.0))  # the validation set's own protocol
     cls = ClassificationDataModule("imagenet", str(tmp_path / "in"), img_size=32, patch_size=8, batch_size=3,
                                    max_samples=3)
     b = next(iter(cls.train_dataloader()))

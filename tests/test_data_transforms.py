@@ -8,8 +8,9 @@ import torchvision.transforms.v2 as T
 import torchvision.transforms.v2.functional as TF
 from torchvision import tv_tensors
 
-from datamodules.transforms import (DEPTH_RANGES, FixedResize, LinearProbeTrain, RandomResizedCrop, ResizeCenterCrop,
-                                    eval_depth_mask, floor_to_multiple, normalize)
+from datamodules.depth_protocol import DEPTH_RANGES, eval_depth_mask
+from datamodules.transforms import (FixedResize, LinearProbeTrain, RandomResizedCrop, ResizeCenterCrop,
+                                    floor_to_multiple, normalize)
 from datamodules.transforms.common import hflip
 
 

@@ -50,6 +50,7 @@ def test_ddp_gets_the_process_group_timeout():
     assert count_devices("cpu", "auto") == 1 and count_devices("cpu", "0,1") == 2 and count_devices("cpu", [0]) == 1
 
 
+@pytest.mark.slow  # LightningCLI's parser starts a Python process (jsonargparse's stub resolver)
 def test_multinode_without_launcher_is_refused_before_spawning(plain_machine, tmp_path, capsys):
     code = main(["--variant", "softmax", "--preset", "tiny", "--runs-dir", str(tmp_path),
                  "--trainer.num_nodes=2", "--trainer.enable_progress_bar=false"])
@@ -58,6 +59,28 @@ def test_multinode_without_launcher_is_refused_before_spawning(plain_machine, tm
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
+@pytest.mark.slow  # LightningCLI's parser starts a Python process (jsonargparse's stub resolver)
+def test_a_config_files_num_nodes_is_checked(plain_machine, tmp_path, capsys):
+    """The check reads the configuration LightningCLI resolves: a --config file's num_nodes counts as the flag does,
+    and under SLURM the job's node count fills in where the user's arguments leave the preset's."""
+    from lightning_modules.cli import PretrainCLI
+    from lightning_modules.pretrain import parse_launch
+    two = tmp_path / "two_nodes.yaml"
+    two.write_text("trainer:\n  num_nodes: 2\n")
+    code = main(["--preset", "tiny", "--runs-dir", str(tmp_path), "--config", str(two)])
+    err = capsys.readouterr().err
+    assert code == 2 and "num_nodes=2" in err and "srun" in err
+    for k, v in {"SLURM_NTASKS": "2", "SLURM_NNODES": "2", "SLURM_JOB_NAME": "tokenmix-dino"}.items():
+        plain_machine.setenv(k, v)
+    resolved = lambda *a: PretrainCLI(parse_launch(["--preset", "tiny", "--runs-dir", str(tmp_path), *a]),  # noqa
+                                      build=False).config.trainer.num_nodes
+    assert resolved() == 2 and resolved("--config", str(two)) == 2  # from SLURM_NNODES; as the file says
+    three = tmp_path / "three_nodes.yaml"
+    three.write_text("trainer:\n  num_nodes: 3\n")
+    assert resolved("--config", str(three)) == 3  # the user's file wins over the environment
+
+
+@pytest.mark.slow  # LightningCLI's parser starts a Python process (jsonargparse's stub resolver)
 def test_wrong_data_root_is_named_before_spawning(plain_machine, tmp_path, capsys):
     missing = tmp_path / "no_imagenet_here"
     code = main(["--variant", "softmax", "--data", "imagenet", "--data-root", str(missing), "--preset", "tiny",

@@ -175,7 +175,7 @@ def test_teacher_head_batchnorm_uses_batch_statistics_as_official():
 @pytest.mark.timeout(900)
 @pytest.mark.slow
 def test_two_processes_resume_at_epoch_ends_again_and_after_the_end(tmp_path, straight):
-    # 3 epochs x 2 batches: resume from the end of the first epoch (step 2, issue 40), again from the end of the
+    # 3 epochs x 2 batches: resume from the end of the first epoch (step 2, an epoch's last batch), again from the end of the
     # second (step 4) that the resumed run wrote, then RESUME=1 on the finished run
     extra, checkpoints, a = straight
     t0 = time.perf_counter()

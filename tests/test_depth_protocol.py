@@ -153,7 +153,7 @@ def test_sunrgbd_eigen_crop_is_absolute_on_other_frame_sizes():
     # SUN frames are not all 480x640 (e.g. 530x730): the toolbox slices [45:471, 41:601] as is
     gt = torch.full((530, 730), 3.0)
     ref = _tb_sun_eval_mask(gt.numpy()[None])[0]
-    from datamodules.transforms import eval_depth_mask
+    from datamodules.depth_protocol import eval_depth_mask
     assert torch.equal(eval_depth_mask("sunrgbd", gt), torch.from_numpy(ref))
     assert int(eval_depth_mask("sunrgbd", torch.full((300, 400), 12.0)).sum()) == (300 - 45) * (400 - 41)
 
@@ -175,7 +175,7 @@ def test_kitti_kb_crop_and_garg_protocol_match_toolbox(fixtures_root):
     ref = _tb_pre_eval_to_metrics([_tb_kitti_pre_eval(p[None], depth_file) for p in preds])
     _assert_equal(_ours("kitti", [torch.from_numpy(p) for p in preds], [gt] * len(preds)), ref)
     # the Garg fractions of the cropped map (352x1216): rows 143:349, cols 43:1172
-    from datamodules.transforms.depth import crop_mask
+    from datamodules.depth_protocol import crop_mask
     m = crop_mask("garg", 352, 1216)
     assert m.nonzero()[:, 0].min() == 143 and m.nonzero()[:, 0].max() == 348
     assert m.nonzero()[:, 1].min() == 43 and m.nonzero()[:, 1].max() == 1171
@@ -184,7 +184,7 @@ def test_kitti_kb_crop_and_garg_protocol_match_toolbox(fixtures_root):
 def test_kitti_kb_crop_can_be_turned_off_and_small_frames_refused(fixtures_root):
     item = build_dataset("kitti", fixtures_root / "kitti", "test", kb_crop=False)[0]
     assert item["image"].shape[-2:] == (375, 1242) and item["depth"].shape == (375, 1242)
-    from datamodules.transforms import kb_crop_box
+    from datamodules.depth_protocol import kb_crop_box
     assert kb_crop_box(375, 1242) == (23, 13, 352, 1216) and kb_crop_box(376, 1241) == (24, 12, 352, 1216)
     with pytest.raises(ValueError, match="at least 352x1216"):
         kb_crop_box(350, 1242)
@@ -205,7 +205,7 @@ def test_two_silogs_hand_worked():
 def test_kitti_eigen_crop_is_kittis_own_not_nyus():
     """``crop='eigen'`` on KITTI: BTS's / the toolbox's ``eigen_crop`` for KITTI (transcribed here), not NYU's
     fractions (before: silently NYU's rows 45/480..471/480)."""
-    from datamodules.transforms.depth import eval_depth_mask
+    from datamodules.depth_protocol import eval_depth_mask
     gt = torch.full((352, 1216), 5.0)
     gt[300, 600] = 0.0  # invalid pixel inside the crop
     gt_height, gt_width = gt.shape

@@ -1,9 +1,9 @@
-"""Other projects' ViT checkpoints through ``CKPT=`` (``probes.backbone.resolve_backbone``): DINOv2's torch.hub
-layout, timm checkpoints named by their timm model, DeiT and MAE releases. Each source model is timm's own class
-with random weights; its features (timm's ``forward_features``) are the reference, at the native size and, with
-interpolated position embeddings, at another size: for timm names timm's ``dynamic_img_size`` forward, for the
-DINOv2 layout DINOv2's rule (bicubic, scale factor (g + 0.1) / M, no antialias; dinov2/models/
-vision_transformer.py ``interpolate_pos_encoding``) written out here. No network."""
+"""Other projects' ViT checkpoints through ``CKPT=`` (``probes.backbone.resolve_backbone``): timm checkpoints named
+by their timm model (timm's own class with random weights; its features, timm's ``forward_features``, are the
+reference at the native size and, resampled by timm's ``dynamic_img_size`` forward, at another), the key routes
+of DINOv2's training checkpoints, refusals, and the probe and analysis CLIs on a DINOv2-with-registers file.
+DINOv2 files against DINOv2's own forward: ``tests/test_foreign_dinov2.py``; DeiT and MAE files against their
+repositories' models: ``tests/test_foreign_deit_mae.py``. No network."""
 import functools
 import hashlib
 import re
@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from backbones import read_checkpoint
@@ -46,64 +45,6 @@ def _assert_same_features(ours, ref_tokens, n_prefix, x):
     torch.testing.assert_close(out["patch"], ref_tokens[:, n_prefix:], atol=1e-5, rtol=0)
 
 
-def _hub_state_dict(m, block_chunks=0):
-    """timm's DINOv2 weights under facebookresearch/dinov2's hub key names (hand-written, the inverse of timm's
-    filter): register_tokens; with registers timm keeps no [CLS] position (no_embed_class), the hub does and adds
-    it to cls_token, so a random one is split off; mask_token (1, D); block_chunks: blocks.<chunk>.<N>."""
-    sd = {k: v.clone() for k, v in m.state_dict().items()}
-    g = torch.Generator().manual_seed(1)
-    if "reg_token" in sd:
-        p0 = torch.randn(1, 1, sd["cls_token"].shape[-1], generator=g) * 0.02
-        sd["register_tokens"] = sd.pop("reg_token")
-        sd["cls_token"] = sd["cls_token"] - p0
-        sd["pos_embed"] = torch.cat([p0, sd["pos_embed"]], dim=1)
-    sd["mask_token"] = torch.randn(1, sd["cls_token"].shape[-1], generator=g)
-    if block_chunks:
-        size = len(m.blocks) // block_chunks
-        sd = {(f"blocks.{int(k.split('.')[1]) // size}.{k[len('blocks.'):]}" if k.startswith("blocks.") else k): v
-              for k, v in sd.items()}
-    return sd
-
-
-def _dinov2_rule(pos, gh, gw):
-    """DINOv2's interpolate_pos_encoding of a [CLS] + M x M table to gh x gw (its defaults: offset 0.1, no aa)."""
-    m = int((pos.shape[1] - 1) ** 0.5)
-    grid = pos[:, 1:].reshape(1, m, m, -1).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid, scale_factor=((gh + 0.1) / m, (gw + 0.1) / m), mode="bicubic", antialias=False)
-    return torch.cat([pos[:, :1], grid.permute(0, 2, 3, 1).reshape(1, gh * gw, -1)], dim=1)
-
-
-@pytest.mark.parametrize("name,block_chunks", [("vit_small_patch14_reg4_dinov2", 4),
-                                               ("vit_small_patch14_dinov2", 0)])
-def test_dinov2_hub_layout(tmp_path, name, block_chunks):
-    """ViT-S/14 (+ 4 registers, LayerScale) saved in the hub layout loads by its keys and shapes alone."""
-    src = _timm(name, img_size=112)  # an 8 x 8 position grid: fast
-    path = tmp_path / "dinov2_hub.pth"
-    hub = _hub_state_dict(src, block_chunks)
-    torch.save(hub, path)
-    info = resolve_backbone(str(path), "", "vit_demo_patch8", 16)
-    ours, regs = info.model.eval(), src.num_reg_tokens
-    assert info.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert info.config["arch"] == "vit_small_patch14" and info.config["img_size"] == 112
-    assert info.config["variant"] == ("registers" if regs else "softmax") and "init_values" in info.config
-    assert read_checkpoint(path).layout == "dinov2"
-    x = torch.randn(1, 3, 112, 112)
-    with torch.no_grad():
-        _assert_same_features(ours, src.forward_features(x), 1 + regs, x)
-    # another size (11 x 9 patches): DINOv2's interpolation, done here
-    x = torch.randn(1, 3, 11 * 14, 9 * 14)
-    pos = _dinov2_rule(hub["pos_embed"], 11, 9)
-    ref = timm.create_model(name, pretrained=False, num_classes=0, img_size=(11 * 14, 9 * 14)).eval()
-    ref.load_state_dict({k: v for k, v in src.state_dict().items() if k != "pos_embed"}, strict=False)
-    with torch.no_grad():
-        if regs:  # timm's layout: [CLS] carries its position, the table none (as timm's own filter folds it)
-            ref.cls_token.copy_(hub["cls_token"] + pos[:, :1])
-            ref.pos_embed = torch.nn.Parameter(pos[:, 1:])
-        else:
-            ref.pos_embed = torch.nn.Parameter(pos)
-        _assert_same_features(ours, ref.forward_features(x), 1 + regs, x)
-
-
 @pytest.mark.slow  # ViT-S/14 at its native 518 px
 @pytest.mark.parametrize("name,fmt,size", [("vit_small_patch14_reg4_dinov2", "safetensors", (224, 182)),
                                            ("deit3_small_patch16_224", "pth", (160, 160))])
@@ -125,25 +66,6 @@ def test_timm_checkpoint_by_name(tmp_path, name, fmt, size):
         _assert_same_features(ours, src.forward_features(x), n, x)
 
 
-def test_deit_and_mae_releases_in_timm_keys(tmp_path):
-    """DeiT's and MAE's release files: ``{"model": state dict}`` in timm keys (DeiT with its classifier, MAE with
-    its pretraining decoder and mask token): shapes say ViT-S/16; the classifier and the decoder are not loaded."""
-    src = _timm("vit_small_patch16_224", img_size=128)
-    sd = src.state_dict()
-    deit = {**sd, "head.weight": torch.randn(1000, 384), "head.bias": torch.randn(1000)}
-    mae = {**sd, "mask_token": torch.randn(1, 1, 384), "decoder_embed.weight": torch.randn(256, 384),
-           "decoder_pos_embed": torch.randn(1, 65, 256), "decoder_blocks.0.norm1.weight": torch.randn(256)}
-    x = torch.randn(1, 3, 128, 128)
-    with torch.no_grad():
-        ref = src.forward_features(x)
-    for name, model_sd in (("deit", deit), ("mae", mae)):
-        path = tmp_path / f"{name}.pth"
-        torch.save({"model": model_sd, "epoch": 3}, path)
-        ours = _ours(path)
-        assert ours.arch == "vit_small_patch16" and ours.backbone_config.pos_interp is None
-        _assert_same_features(ours, ref, 1, x)
-
-
 def test_unknown_layouts_are_refused(tmp_path):
     path = tmp_path / "other.pth"
     torch.save({"encoder.embed.weight": torch.zeros(2, 2), "encoder.blocks.0.w": torch.zeros(2)}, path)
@@ -151,8 +73,8 @@ def test_unknown_layouts_are_refused(tmp_path):
                                               r"embed.weight'\]\); known layouts: timm .*dinov2 .*torchvision"):
         _ours(path)
     sd = _timm("vit_small_patch16_224", img_size=128).state_dict()
-    torch.save({**sd, "dist_token": torch.zeros(1, 1, 384)}, path)  # DeiT distilled: a second prefix token
-    with pytest.raises(CheckpointError, match=r"missing: \[\]\n  unexpected: \['dist_token'\]"):
+    torch.save({**sd, "cls_token_2": torch.zeros(1, 1, 384)}, path)  # a tensor no tokenmix ViT has
+    with pytest.raises(CheckpointError, match=r"missing: \[\]\n  unexpected: \['cls_token_2'\]"):
         _ours(path)
     with pytest.raises(CheckpointError, match="vit_giant_patch14_dinov2.*MLP other than"):  # SwiGLU
         _ours(path, arch="vit_giant_patch14_dinov2")
@@ -162,8 +84,16 @@ def test_unknown_layouts_are_refused(tmp_path):
 
 @pytest.fixture(scope="module")
 def hub_ckpt(tmp_path_factory):
+    """A DINOv2 ViT-S/14 + 4 registers in the hub layout, built by DINOv2's own module (``official/dinov2.py``) at
+    112 px (an 8 x 8 table), random weights."""
+    from official.dinov2 import DinoVisionTransformer, hub_settings
     path = tmp_path_factory.mktemp("foreign") / "dinov2_vits14_reg4.pth"
-    torch.save(_hub_state_dict(_timm("vit_small_patch14_reg4_dinov2", img_size=112), block_chunks=4), path)
+    torch.manual_seed(0)
+    src = DinoVisionTransformer(**{**hub_settings("dinov2_vits14_reg"), "img_size": 112})
+    with torch.no_grad():
+        for p in src.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    torch.save(src.state_dict(), path)
     return path
 
 

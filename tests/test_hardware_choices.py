@@ -1,4 +1,4 @@
-"""No silent hardware choices (issue 42 items 6, 7): a real dataset never falls back to the CPU unseen, DINO's
+"""No silent hardware choices: a real dataset never falls back to the CPU unseen, DINO's
 ``deterministic: true`` is refused on CUDA before any process starts, and the checkpoint's backend record says
 what ran. The CUDA side is rehearsed on this CPU host by patching ``torch.cuda.is_available``."""
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_modules import pretrain
+from lightning_modules.cli import PretrainCLI
+from lightning_modules.pretrain import parse_launch
 from tokenmix.launch import LaunchError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,9 +29,11 @@ def _driver_text() -> str:
 
 
 def _plan(tmp_path, *args):
-    return pretrain.launch_plan(["--runs-dir", str(tmp_path), *args])
+    """The configuration the run would use, resolved and checked, nothing built."""
+    return PretrainCLI(parse_launch(["--runs-dir", str(tmp_path), *args]), build=False).config
 
 
+@pytest.mark.slow  # LightningCLI's parser starts a Python process (jsonargparse's stub resolver)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host where torch sees no GPU")
 def test_real_data_on_the_cpu_needs_an_explicit_accelerator(fixtures_root, tmp_path):
     real = ["--data", "imagenet", "--data-root", str(fixtures_root / "imagenet")]
@@ -40,14 +43,19 @@ def test_real_data_on_the_cpu_needs_an_explicit_accelerator(fixtures_root, tmp_p
     assert f"built for CUDA {torch.version.cuda}" in msg and "torch.cuda.is_available() is False" in msg, msg
     assert _driver_text() and _driver_text() in msg, msg  # e.g. "Found no NVIDIA driver on your system"
     assert "--trainer.accelerator=cpu" in msg
-    for explicit in (["--trainer.accelerator=cpu"], ["--trainer.accelerator", "cpu"]):
-        args = _plan(tmp_path, *real, *explicit)[2]
-        assert "--trainer.precision=32-true" in args  # the chosen CPU run, as before
+    cpu_yaml = tmp_path / "cpu.yaml"
+    cpu_yaml.write_text("trainer:\n  accelerator: cpu\n")
+    for explicit in (["--trainer.accelerator=cpu"], ["--trainer.accelerator", "cpu"], ["--config", str(cpu_yaml)]):
+        config = _plan(tmp_path, *real, *explicit)
+        assert (config.trainer.accelerator, config.trainer.precision) == ("cpu", "32-true")  # the chosen CPU run
+    assert _plan(tmp_path, *real, "--config", str(cpu_yaml), "--trainer.precision=bf16-mixed").trainer.precision \
+        == "bf16-mixed"  # a precision the user sets is kept
     _plan(tmp_path, "--data", "demo")  # the demo data: auto may pick the CPU
     with pytest.raises(LaunchError, match="would train on the CPU"):  # a GPU asked for, none usable
         _plan(tmp_path, *real, "--trainer.accelerator=gpu")
 
 
+@pytest.mark.slow  # LightningCLI's parser starts a Python process (jsonargparse's stub resolver)
 def test_cpu_only_torch_build_is_named(monkeypatch, fixtures_root, tmp_path):
     monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -71,6 +79,7 @@ def test_make_pretrain_on_imagenet_is_refused_within_a_minute(fixtures_root, tmp
     assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("version_*"))  # nothing started
 
 
+@pytest.mark.slow  # LightningCLI's parser starts a Python process (jsonargparse's stub resolver)
 def test_deterministic_dino_on_cuda_is_refused_with_the_reason(monkeypatch, tmp_path):
     # the reason, as torch documents it: bicubic interpolate has no deterministic CUDA backward
     doc = torch.use_deterministic_algorithms.__doc__

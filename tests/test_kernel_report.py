@@ -1,5 +1,5 @@
-"""kernel_model.report: the attention kernels compiled for sm_90 and sm_80 without a GPU (issue 26 deliverable 4,
-issue 31 deliverable 2), the SASS counter and the cost model against hand-worked cases, the flash yardstick
+"""kernel_model.report: the attention kernels compiled for sm_90 and sm_80 without a GPU (registers, spills, the
+1.3x-yardstick target), the SASS counter and the cost model against hand-worked cases, the flash yardstick
 against softmax attention.
 
 Compiling needs Triton in compiled mode. If this process imported Triton under TRITON_INTERPRET=1, those tests

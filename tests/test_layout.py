@@ -4,13 +4,16 @@
 - layers, lowest first: tokenmix < backbones < datamodules < probes < {lightning_modules, analysis} < study; a
   package imports only lower layers (lightning_modules and analysis are siblings: neither imports the other);
   the tools (bench, gpu_check, kernel_model, official) may import product code, product code never imports them;
-- product files <= 400 lines, product functions <= 60 lines (``def`` line to last line, decorators excluded).
+- product files <= 400 lines, product functions <= 60 lines (``def`` line to last line, decorators excluded);
+- docs/layout.md names every product, tool and test-helper file in a table's file column, and no file that does
+  not exist (an ``__init__.py`` that only gathers its package's names needs no row).
 
 Each test lists every violation of its rule at once.
 """
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
@@ -23,6 +26,7 @@ LAYERS = {"tokenmix": 1, "backbones": 2, "datamodules": 3, "probes": 4, "lightni
           "study": 6}
 PRODUCT = tuple(LAYERS)
 TOOLS = ("bench", "gpu_check", "kernel_model", "official")
+DOCUMENTED = PRODUCT + TOOLS + ("tests/helpers",)  # the folders whose every file has a row in docs/layout.md
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
 
 pytestmark = pytest.mark.timeout(120)
@@ -213,3 +217,75 @@ def test_product_functions_are_at_most_60_lines():
                 if n > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {n} lines")
     assert not long, f"{len(long)} product function(s) over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+# --------------------------------------------------------------------------- docs/layout.md
+
+
+def layout_doc_files(text: str) -> set[str]:
+    """The files a layout doc names in its tables' last column, in the three forms it uses: a path
+    (`backbones/vit.py`), a bare name after a path in the same cell (`backbones/triton_attention.py`,
+    `triton_kernels.py`: the path's folder), a bare name after a folder (`datamodules/datasets/`: `voc.py`).
+    A folder alone names none of its files."""
+    named = set()
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            continue
+        cell = re.split(r"(?<!\\)\|", line.strip().strip("|"))[-1]
+        folder = None
+        for token in re.findall(r"`([^`]+)`", cell):
+            if token.endswith("/"):
+                folder = token
+            elif "/" in token:
+                folder = token.rsplit("/", 1)[0] + "/"
+                if re.fullmatch(r"[\w./-]+\.py", token):
+                    named.add(token)
+            elif folder and re.fullmatch(r"[\w.-]+\.py", token):
+                named.add(folder + token)
+    return named
+
+
+def gathers_names_only(path: Path) -> bool:
+    """An ``__init__.py`` that only imports, lists ``__all__`` and re-exports lazily (``__getattr__``, ``__dir__``):
+    its package's rows cover it. One that defines anything else is a module of its own and needs a row."""
+    if path.name != "__init__.py":
+        return False
+    defs = [n for n in ast.parse(path.read_text()).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    return all(n.name in ("__getattr__", "__dir__") for n in defs)
+
+
+def undocumented(root: Path, folders, text: str) -> tuple[list[str], list[str]]:
+    """(files under ``folders`` the doc does not name, files the doc names that do not exist)."""
+    files = {p.relative_to(root).as_posix() for f in folders for p in (root / f).rglob("*.py")
+             if "__pycache__" not in p.parts and not gathers_names_only(p)}
+    named = layout_doc_files(text)
+    missing = sorted(files - named)
+    stale = sorted(n for n in named if not (root / n).is_file())
+    return missing, stale
+
+
+def test_layout_doc_reader_on_a_synthetic_tree(tmp_path):
+    """The three forms name their files; a folder row, a name in the first column, a re-exporting __init__ and a
+    glob name none; an __init__ with a function of its own, a file outside every row and a stale row are found."""
+    for f, body in {"pkg/a.py": "", "pkg/b.py": "", "pkg/sub/c.py": "", "pkg/sub/d.py": "", "pkg/e.py": "",
+                    "pkg/__init__.py": "from .a import x\n__all__ = ['x']\ndef __getattr__(n):\n    return n\n",
+                    "pkg/sub/__init__.py": "def helper():\n    return 1\n", "pkg/f.py": ""}.items():
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text(body)
+    doc = ("| you look for | file |\n|---|---|\n"
+           "| two (`x\\|y`) | `pkg/a.py`, `b.py` (the same folder) |\n"
+           "| a folder's files | `pkg/sub/`: `c.py`, `d.py` |\n"
+           "| the folder alone; `pkg/e.py` in the first column | `pkg/sub/`, `configs/*.py` |\n"
+           "| gone | `pkg/gone.py` |\n"
+           "text `pkg/f.py` outside a table\n")
+    assert layout_doc_files(doc) == {"pkg/a.py", "pkg/b.py", "pkg/sub/c.py", "pkg/sub/d.py", "pkg/gone.py"}
+    missing, stale = undocumented(tmp_path, ["pkg"], doc)
+    assert missing == ["pkg/e.py", "pkg/f.py", "pkg/sub/__init__.py"] and stale == ["pkg/gone.py"]
+
+
+def test_layout_doc_names_every_file():
+    missing, stale = undocumented(REPO, DOCUMENTED, (REPO / "docs" / "layout.md").read_text())
+    assert not missing and not stale, (
+        f"docs/layout.md: {len(missing)} file(s) without a row (add one: `folder/file.py` in a table's file "
+        f"column):\n" + "\n".join(missing) + f"\n{len(stale)} row(s) naming a file that does not exist:\n"
+        + "\n".join(stale))

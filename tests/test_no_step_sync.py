@@ -1,4 +1,4 @@
-"""No host sync per training step from logging and the progress bar (issue 42 item 5).
+"""No host sync per training step from logging and the progress bar.
 
 Lightning converts metrics logged with ``prog_bar=True`` to Python numbers whenever any of its metric dicts is read
 (every batch), and ``self.log`` of a Python number copies it to the device: on a GPU each is a sync that makes the

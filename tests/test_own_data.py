@@ -1,4 +1,4 @@
-"""Your own data (issue 29): custom_seg / custom_depth / imagefolder / folder built here from the real fixtures,
+"""Your own data: custom_seg / custom_depth / imagefolder / folder built here from the real fixtures,
 read like the official loaders read the same files, and every refusal naming the file."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Your own data end to end (issue 29): the probes give the same numbers on the same files in the custom layouts,
+"""Your own data end to end: the probes give the same numbers on the same files in the custom layouts,
 DATA=folder pretrains (index cached beside the run, unreadable files listed in summary.json, refused above the
 threshold) and learns, the analyses run on a folder."""
 from __future__ import annotations

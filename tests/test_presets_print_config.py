@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from backbones import parse_variant  # noqa: F401  (variant names are validated by main)
-from lightning_modules.pretrain import OBJECTIVES, main as pretrain_main
+from lightning_modules.objectives import OBJECTIVES
+from lightning_modules.pretrain import main as pretrain_main
 from probes.run import main as probe_main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -130,6 +130,7 @@ def test_unknown_variant_and_key_are_clear_errors(tmp_path, capsys):
     assert "no last.ckpt" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # LightningCLI's parser starts a Python process (jsonargparse's stub resolver)
 def test_real_dataset_without_root_names_the_layout(tmp_path, capsys):
     assert main(["--variant", "softmax", "--data", "imagenet", "--runs-dir", str(tmp_path), *FAST]) != 0
     err = capsys.readouterr().err
@@ -253,29 +254,69 @@ def test_objective_flag_picks_presets_and_refuses_the_others(tmp_path, capsys):
     assert cfg["trainer"]["logger"]["init_args"]["name"] == "supervised_demo"
 
 
-def test_latest_checkpoint_is_the_newest_of_the_objective(tmp_path):
-    """One lookup for RESUME=1 (per objective) and for probes / export (either): hand-set mtimes decide."""
+def _fake_run(root: Path, folder: str, kind, mtime: int, under: str = "checkpoints") -> Path:
+    """A run folder holding only a minimal last.ckpt of ``kind`` (None: no kind recorded, as early DINO runs;
+    b"...": a file torch cannot read)."""
     import os
+    f = root / folder / "version_0" / under / "last.ckpt"
+    f.parent.mkdir(parents=True)
+    if isinstance(kind, bytes):
+        f.write_bytes(kind)
+    else:
+        prefixes = ("backbone.", "backbone.head.") if kind == "supervised" else \
+            ("student.backbone.", "student.head.", "teacher.backbone.", "teacher.head.")
+        entry = {"backbone": {"arch": "vit_test_patch8", "variant": "softmax"}, **({"kind": kind} if kind else {})}
+        torch.save({"state_dict": {f"{p}w": torch.zeros(1) for p in prefixes}, "tokenmix": entry,
+                    "global_step": 3}, f)
+    os.utime(f, (mtime, mtime))
+    return f
 
-    from lightning_modules.pretrain import resolve_resume
+
+def test_resume_reads_each_runs_objective_from_its_checkpoint(tmp_path):
+    """RESUME=1 continues the newest run of the objective, told from what its checkpoint records, whatever its
+    preset file (and so its folder) is called; probes and export take the newest of either. Hand-set mtimes."""
+    from lightning_modules.launch_checks import resume_path
     from tokenmix.io import CheckpointError
     from tokenmix.paths import latest_checkpoint
     root = tmp_path / "softmax" / "pretrain"
-    files = {"dino_old": root / "demo/version_0/checkpoints/last.ckpt", "dino_new": root / "paper/version_3/last.ckpt",
-             "sup": root / "supervised_demo/version_1/checkpoints/last.ckpt"}
-    for i, (name, f) in enumerate(files.items()):
-        f.parent.mkdir(parents=True)
-        f.write_bytes(b"x")
-        os.utime(f, (1000 + i, 1000 + i))  # dino_old < dino_new < sup
-    (root / "demo/version_0/checkpoints/epoch0.ckpt").write_bytes(b"x")  # not a last.ckpt
-    assert latest_checkpoint("softmax", runs=tmp_path) == files["sup"]
-    assert latest_checkpoint("softmax", "dino", runs=tmp_path) == files["dino_new"]
-    assert latest_checkpoint("softmax", "supervised", runs=tmp_path) == files["sup"]
-    assert resolve_resume("1", "softmax", tmp_path) == str(files["dino_new"])
-    assert resolve_resume("last", "softmax", tmp_path, "supervised") == str(files["sup"])
-    os.utime(files["dino_old"], (2000, 2000))
-    assert latest_checkpoint("softmax", "dino", runs=tmp_path) == files["dino_old"]
-    with pytest.raises(FileNotFoundError, match="OBJECTIVE=supervised VARIANT=entmax"):
-        latest_checkpoint("entmax", "supervised", runs=tmp_path)
+    dino_old = _fake_run(root, "demo", None, 1000)
+    dino_new = _fake_run(root, "supervised_demo", "dino_pretrain", 1001, under="")  # a DINO run, misleading name
+    sup = _fake_run(root, "sup_tiny", "supervised", 1002)  # a supervised preset saved as sup_tiny.yaml
+    (dino_old.parent / "epoch0.ckpt").write_bytes(b"x")  # not a last.ckpt
+    assert latest_checkpoint("softmax", runs=tmp_path) == sup
+    assert resume_path("1", "softmax", tmp_path, "dino_pretrain", "dino") == str(dino_new)
+    assert resume_path("last", "softmax", tmp_path, "supervised", "supervised") == str(sup)
+    bad = _fake_run(root, "other", b"not a checkpoint", 1003)  # unreadable: kept, for the validation to name
+    assert resume_path("1", "softmax", tmp_path, "dino_pretrain") == str(bad)
+    bad.unlink()
+    import os
+    os.utime(dino_old, (2000, 2000))
+    assert resume_path("1", "softmax", tmp_path, "dino_pretrain") == str(dino_old)
+    with pytest.raises(CheckpointError, match="RESUME=1: no last.ckpt of a supervised run.*OBJECTIVE=supervised "
+                                              "VARIANT=entmax"):
+        resume_path("1", "entmax", tmp_path, "supervised", "supervised")
     with pytest.raises(CheckpointError, match="RESUME=1: no last.ckpt of a dino run"):
-        resolve_resume("1", "entmax", tmp_path)
+        resume_path("1", "entmax", tmp_path, "dino_pretrain", "dino")
+
+
+@pytest.mark.slow  # LightningCLI's parser starts a Python process (jsonargparse's stub resolver)
+def test_resume_1_of_a_supervised_run_from_any_preset_name(tmp_path):
+    """The resolved launch of ``make pretrain OBJECTIVE=supervised RESUME=1`` picks the supervised run of a preset
+    file called sup_tiny.yaml and logs into its version folder; DINO's RESUME=1 passes over it."""
+    from lightning_modules.cli import PretrainCLI
+    from lightning_modules.pretrain import parse_launch
+    root = tmp_path / "softmax" / "pretrain"
+    dino = _fake_run(root, "demo", "dino_pretrain", 1000)
+    sup = _fake_run(root, "sup_tiny", "supervised", 1001)
+    preset = tmp_path / "sup_tiny.yaml"
+    preset.write_text((Path(__file__).resolve().parents[1] / "configs/pretrain/supervised_demo.yaml").read_text())
+
+    def resolved(*args):
+        return PretrainCLI(parse_launch(["--runs-dir", str(tmp_path), "--resume", "1", *args]), build=False)
+    cli = resolved("--objective", "supervised", "--preset", str(preset))
+    assert cli.resume.path == str(sup) and cli.resume.step == 3
+    assert cli.config.trainer.logger.init_args.version == "version_0"
+    assert cli.config.trainer.logger.init_args.name == "sup_tiny"
+    assert resolved().resume.path == str(dino)
+
+

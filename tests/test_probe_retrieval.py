@@ -19,6 +19,7 @@ from probes.matching import confusion, hungarian, majority, matched_miou
 from probes.run import main
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.timeout(120)
 TINY = ["--arch", "vit_test_patch8", "--ckpt", "random", "--batch-size", "2"]
 
 
@@ -79,8 +80,65 @@ def test_view_keeps_image_and_mask_aligned():
     for seed in range(10):
         v, m = hb.hummingbird_view(img, mask, (16, 16), torch.Generator().manual_seed(seed))
         assert v.shape == (3, 16, 16) and m.shape == (16, 16) and set(m.unique().tolist()) <= {0, 7}
-        bright = v.float().mean(0) > 100
+        assert v.dtype == torch.float32 and 0 <= v.min() and v.max() <= 1  # float in [0, 1], as the reference
+        bright = v.mean(0) > 100 / 255
         assert (bright == (m == 7)).float().mean() > 0.85  # jitter and the resize blur only the border
+
+
+def _reference_view(image, mask, size, draws, monkeypatch):
+    """open-hummingbird-eval's training view (official/hummingbird.py) made to take the draws ``draws``: each jitter
+    op on (p = 1) or off (p = 0) with the range (f, f), and RandomResizedCrop's box fixed to ours."""
+    import torchvision.transforms.functional as TF
+    from official import hummingbird as ref
+    on = dict(draws.jitter)
+    kw = {}
+    for name in hb.JITTER_OPS:
+        kw[f"{name}_jitter_range"] = (on[name], on[name]) if name in on else 0.1
+        kw[f"{name}_jitter_probability"] = 1.0 if name in on else 0.0
+    monkeypatch.setattr(ref.transforms.RandomResizedCrop, "get_params", staticmethod(lambda *a, **k: draws.box))
+    t = ref.get_hbird_train_transforms(size, **kw)
+    comb = ref.CombTransforms(img_transform=t["img"], tgt_transform=None, img_tgt_transform=t["shared"])
+    img, tgt = comb(TF.to_pil_image(image), TF.to_pil_image(mask.to(torch.uint8)))
+    return img, (tgt[0] * 255).round().long()
+
+
+def test_view_equals_reference_transforms_on_voc_fixture(fixtures_root, monkeypatch):
+    # a real VOC image and mask: jitter on the whole PIL image before the crop, then the shared box, as the
+    # reference; its std typo reproduced by reference_std_input (reference ops on, then off, by draw)
+    from PIL import Image
+
+    from datamodules.transforms.views import normalize
+    voc = fixtures_root / "voc" / "VOCdevkit" / "VOC2012"
+    image = torch.from_numpy(__import__("numpy").array(Image.open(voc / "JPEGImages" / "2011_000003.jpg")))
+    image = image.permute(2, 0, 1).contiguous()
+    mask = torch.from_numpy(__import__("numpy").array(Image.open(voc / "SegmentationClass" / "2011_000003.png")))
+    seen = set()
+    for seed in range(6):
+        d = hb.draw_view(*image.shape[-2:], torch.Generator().manual_seed(seed))
+        seen |= {name for name, _ in d.jitter}
+        view, m = hb.apply_view(image, mask.long(), (48, 48), d)
+        ref_img, ref_mask = _reference_view(image, mask, 48, d, monkeypatch)
+        assert torch.equal(m, ref_mask)
+        assert (normalize(hb.reference_std_input(view)) - ref_img).abs().max() < 1e-5
+    assert seen == set(hb.JITTER_OPS)  # every op (hue's PIL HSV round trip included) was compared
+
+
+def test_memory_plan_warns_when_capped_and_protocols():
+    with pytest.warns(UserWarning, match="memory 1000 is capped at 64 patches"):
+        plans = hb.plan_memory([16, 1000], num_images=2, aug_epochs=2, num_patches=16)
+    assert [(p.requested, p.per_image, p.rows, p.capped) for p in plans] == [(16, 4, 16, False), (1000, 16, 64, True)]
+    s = hb.PROTOCOLS[hb.Protocol("hummingbird")]
+    assert (s.aug_epochs, s.img_size, s.memory, s.trainaug, s.std_typo, s.ade_other) == (
+        2, 512, (102400, 1024000, 10240000), True, True, True)
+    given = hb.resolve_settings(hb.Protocol.HUMMINGBIRD, aug_epochs=3, memory=None, std_typo=False)
+    assert (given.aug_epochs, given.memory, given.std_typo, given.img_size) == (3, s.memory, False, 512)
+    assert hb.resolve_settings(hb.Protocol.PROJECT) == hb.PROTOCOLS[hb.Protocol.PROJECT]
+    # ADE20K's "other": the project maps raw 0 to ignore (mmseg), the protocol restores the raw ids
+    import numpy as np
+
+    from datamodules.datasets.ade20k import reduce_zero_label, restore_zero_label
+    raw = np.array([[0, 1, 150], [7, 0, 2]])
+    assert restore_zero_label(torch.from_numpy(reduce_zero_label(raw))).tolist() == raw.tolist()
 
 
 def test_hungarian_equals_brute_force_and_majority_hand_worked():
@@ -107,9 +165,32 @@ def test_retrieval_probe_on_voc_fixture(fixtures_root, tmp_path):
     m = res["metrics"]
     assert res["task"] == "voc_retrieval" and m["num_train"] == 2 and m["num_val"] == 1
     # 2 images x 2 views: 16 // 4 = 4 patches each; 40 // 4 = 10; 100000 is capped at every patch (4 x 4 grid)
-    assert [(k, v["per_image"], v["memory"]) for k, v in m["mIoU"].items()] == [
-        ("16", 4, 16), ("40", 10, 40), ("100000", 16, 64)]
+    assert [(k, v["per_image"], v["memory"], v["capped"]) for k, v in m["mIoU"].items()] == [
+        ("16", 4, 16, False), ("40", 10, 40, False), ("100000", 16, 64, True)]
+    assert m["effective_memory"] == {"16": 16, "40": 40, "100000": 64} and m["capped"] == [100000]
     assert all(0 <= v["mIoU"] <= 100 and len(v["IoU"]) == 21 for v in m["mIoU"].values())
+    assert (m["protocol"], m["std"], m["ade_other"]) == ("project", [0.229, 0.224, 0.225], False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_hummingbird_protocol_one_flag_away(fixtures_root, tmp_path):
+    # VOC fixture: no train_aug list, so VOC train with a warning and a note; 512 px, 2 views, the std typo,
+    # every paper memory size capped at 2 images x 2 views x 64 x 64 patches
+    argv = ["--runs-dir", str(tmp_path), "--task", "voc", "--kind", "retrieval", *TINY, "--data", "voc",
+            "--data-root", str(fixtures_root / "voc"), "--protocol", "hummingbird"]
+    with pytest.warns(UserWarning, match="VOC trainaug asked for"):
+        m = json.loads(main(argv).read_text())["metrics"]
+    assert (m["img_size"], m["aug_epochs"], m["std"], m["train_set"]) == ([512, 512], 2, [0.229, 0.224, 0.255], "voc")
+    assert m["effective_memory"] == {str(s): 16384 for s in hb.PAPER_MEMORY} and m["capped"] == list(hb.PAPER_MEMORY)
+    assert "train_aug.txt" in m["train_note"]
+    # ADE20K: "other" kept as class 0 of 151 (ignored when scoring), as the reference; explicit flags win
+    ade = ["--runs-dir", str(tmp_path), "--task", "ade20k", "--kind", "retrieval", *TINY, "--data", "ade20k",
+           "--data-root", str(fixtures_root / "ade20k"), "--train-split", "val", "--img-size", "32",
+           "--hb-memory", "40", "--protocol", "hummingbird", "--no-hb-std-typo"]
+    m = json.loads(main(ade).read_text())["metrics"]
+    assert (m["ade_other"], m["num_classes"], len(m["mIoU"]["40"]["IoU"]), m["std"][2]) == (True, 151, 151, 0.225)
+    assert m["mIoU"]["40"]["IoU"][0] == 0  # "other" is never scored
 
 
 @pytest.mark.slow

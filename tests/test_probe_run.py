@@ -205,7 +205,7 @@ def test_clear_errors(runs, tmp_path, monkeypatch):
 
 
 def test_version_dirs_and_config_file(tmp_path):
-    from probes.run import parse_args
+    from probes.run import parse_flags
     from tokenmix.paths import claim_version_dir
     root = tmp_path / "knn"
     (root / "version_0").mkdir(parents=True)
@@ -214,31 +214,37 @@ def test_version_dirs_and_config_file(tmp_path):
     assert claim_version_dir(root).name == "version_4" and claim_version_dir(root).name == "version_5"
     cfg = tmp_path / "c.yaml"
     cfg.write_text("batch_size: 7\ntasks:\n  voc:\n    max_epochs: 3\n  knn:\n    max_epochs: 9\n")
-    a = parse_args(["--task", "voc", "--config", str(cfg)])
+    a = parse_flags(["--task", "voc", "--config", str(cfg)])
     assert (a.batch_size, a.max_epochs) == (7, 3)
-    assert parse_args(["--task", "voc", "--config", str(cfg), "--batch-size", "2"]).batch_size == 2
+    assert parse_flags(["--task", "voc", "--config", str(cfg), "--batch-size", "2"]).batch_size == 2
     cfg.write_text("batch_sise: 7\n")
     with pytest.raises(ValueError, match="unknown keys \\['batch_sise'\\]"):
-        parse_args(["--task", "voc", "--config", str(cfg)])
+        parse_flags(["--task", "voc", "--config", str(cfg)])
 
 
 def test_kind_registry_follows_the_protocols():
     """Per kind: DINO eval_linear (100 epochs, batch 256, [CLS] of the last 4 blocks), eval_knn (last-block
     [CLS], nothing trained), dense probes (40 epochs, batch 16; depth concatenates [CLS] as DINOv2, seg does not)."""
-    import argparse
     from probes.kinds import KINDS, summary
+    from probes.options import DepthOptions, Head, SegOptions
+    from probes.run import OPTIONS, parse_flags
     from probes.tasks import ALT_KINDS, TASKS, Kind
     alts = {k for kinds in ALT_KINDS.values() for k in kinds}  # --kind retrieval / overcluster on seg tasks
     assert {t.kind for t in TASKS.values()} | alts == set(KINDS) == set(Kind)
     assert [(KINDS[k].epochs, KINDS[k].batch_size) for k in (Kind.KNN, Kind.LINEAR, Kind.SEG, Kind.DEPTH)] == [
         (0, 64), (100, 256), (40, 16), (40, 16)]
-    a = argparse.Namespace(with_cls=None, head="linear")
-    spec = {k: KINDS[k].features(a, 12, None).describe() for k in Kind}
+    options = {k: OPTIONS[k](parse_flags(["--task", "voc"])) for k in Kind}  # every kind's, from the defaults
+    spec = {k: KINDS[k].features(options[k], 12, None).describe() for k in Kind}
     assert spec[Kind.KNN] == {"kind": "cls", "n_last_blocks": 1, "blocks": None, "with_cls": False}
-    assert spec[Kind.LINEAR]["n_last_blocks"] == 4 and KINDS[Kind.LINEAR].features(a, 2, None).n_last_blocks == 2
+    assert spec[Kind.LINEAR]["n_last_blocks"] == 4 and \
+        KINDS[Kind.LINEAR].features(options[Kind.LINEAR], 2, None).n_last_blocks == 2
     assert spec[Kind.DEPTH]["with_cls"] and not spec[Kind.SEG]["with_cls"]
-    four = KINDS[Kind.SEG].features(argparse.Namespace(with_cls=True, head="linear4"), 12, [3])
+    seg = options[Kind.SEG]
+    four = KINDS[Kind.SEG].features(SegOptions(seg.train, Head.LINEAR4, True, seg.solver, seg.ridge_lambda), 12, [3])
     assert (four.n_last_blocks, list(four.blocks), four.with_cls) == (4, [3], True)
+    depth = options[Kind.DEPTH]  # --no-cls overrides depth's default
+    assert not KINDS[Kind.DEPTH].features(DepthOptions(depth.train, Head.LINEAR, False, depth.depth_head,
+                                                       depth.bin_norm), 12, None).with_cls
     assert summary(Kind.DEPTH, {"rmse": 0.5, "abs_rel": 0.25, "d1": 0.75}) == "RMSE 0.5000, AbsRel 0.2500, d1 0.7500"
     assert summary(Kind.KNN, {"layers": {"block_0": {"top1": {"20": 50.0}}, "block_1": {"top1": {"20": 60.0}}}}) == \
         "block_0: k-NN top-1 k=20: 50.00; block_1: k-NN top-1 k=20: 60.00"

@@ -8,7 +8,7 @@ import pytest
 from tokenmix import paths
 from tokenmix.results import KEYS, backbone_entry, write_results
 
-EXPECTED = {"task", "variant", "data", "backbone", "metrics", "config", "created", "host"}  # the list
+EXPECTED = {"task", "variant", "data", "backbone", "metrics", "config", "created", "host"}  # written out by hand
 
 
 @pytest.fixture(scope="module")

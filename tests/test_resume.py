@@ -13,7 +13,7 @@ import torch
 
 from helpers.killed_runs import assert_same, finish, last_checkpoint, wait_for_pause
 from helpers.procs import kill_group, started
-from lightning_modules.callbacks.checkpoint_io import AtomicCheckpointIO
+from lightning_modules.checkpoint_io import AtomicCheckpointIO
 from tokenmix.io import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Resume anywhere (issue 40): from every checkpoint a short run writes (mid-epoch, an epoch's last batch, the end
+"""Resume anywhere: from every checkpoint a short run writes (mid-epoch, an epoch's last batch, the end
 of fit), then again from a checkpoint the resumed run wrote, then ``RESUME=1`` on the finished run: the end is
 bitwise the uninterrupted run's (weights, optimizer, RNG streams, step, epoch and Lightning's epoch counters), and
 the finished run stays as it was (one line, no training, no file touched). Both objectives; 2 processes in
@@ -63,7 +63,7 @@ def _hand(epochs, batches_total, batches_current, last: bool, stepped: int) -> d
 
 def test_epoch_end_form_by_hand():
     from lightning_modules.loop_state import epoch_end_form, epochs_trained
-    # issue 40's step0008 (4 batches per epoch, saved in on_train_batch_end of epoch 1's last batch)
+    # step0008 of a run with 4 batches per epoch, saved in on_train_batch_end of epoch 1's last batch
     ck = _hand((2, 2, 1, 1), (8, 8, 8, 7), (4, 4, 4, 3), True, 7)
     assert epoch_end_form(ck)
     assert ck == _hand((2, 2, 2, 1), (8, 8, 8, 8), (4, 4, 4, 4), True, 8)  # as saved in on_train_epoch_end
@@ -148,7 +148,7 @@ def test_resume_from_every_checkpoint_again_and_again_is_bitwise(reference, poin
 def test_old_checkpoints_of_an_epochs_last_batch_resume_right(reference, written):
     # step0006 (epoch 1's last batch) as Lightning writes it in on_train_batch_end: epoch 1 started, not processed,
     # the batch's completed and the logger's step not yet counted; a run resumed before the fix trained epoch 1
-    # uncounted and read ready = started = processed = completed = 1 there (issue 40)
+    # uncounted and read ready = started = processed = completed = 1 there
     from lightning_modules.loop_state import epoch_end_form
     on_disk = _load(reference / "checkpoints" / "step0006.ckpt")
     old = _load(reference / "checkpoints" / "step0006.ckpt")

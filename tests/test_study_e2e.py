@@ -47,7 +47,7 @@ def test_study_runs_resumes_and_reports(tmp_path, demo_data):
     assert sorted((tmp_path / "study").glob("seed*/softmax/probe/knn/version_*/results.json")) == results
 
     # a pretraining cell that finished but lost its marker (killed before recording, a requeue): run again, it
-    # resumes its finished run, trains nothing and records the same checkpoint; its summary is untouched (issue 40)
+    # resumes its finished run, trains nothing and records the same checkpoint; its summary is untouched
     marker = next(m for m in sorted((tmp_path / "study" / "done").rglob("*.json"))
                   if json.loads(m.read_text())["kind"] == "pretrain")
     rec = json.loads(marker.read_text())

@@ -14,12 +14,10 @@ import pytest
 import timm
 import torch
 from safetensors.torch import save_file
-from timm.models.vision_transformer import VisionTransformer
 
 import study.local
 from study.__main__ import main, parse_checkpoint
 from study.plan import Spec, plan
-from test_foreign_checkpoints import _hub_state_dict, _timm
 
 REPO = Path(__file__).resolve().parents[1]
 TIMM_NAME = "vit_tiny_patch16_224"
@@ -30,11 +28,20 @@ def _sha(path) -> str:
 
 
 def _small_hub(path: Path, seed: int = 0) -> Path:
-    """DINOv2's hub layout (register_tokens, mask_token, ls gammas, [CLS] position) at the demo ViT's shapes."""
+    """DINOv2's hub layout (register_tokens, mask_token, ls gammas, [CLS] position), built by DINOv2's own module
+    (``official/dinov2.py``) at the demo ViT's shapes."""
+    return _dinov2_hub(path, seed, img_size=64, patch_size=8, embed_dim=128, depth=4, num_heads=2, init_values=1e-5)
+
+
+def _dinov2_hub(path: Path, seed: int = 0, **shape) -> Path:
+    """A ``dinov2_vits14_reg`` hub file (``shape`` overrides its shape), random weights."""
+    from official.dinov2 import DinoVisionTransformer, hub_settings
     torch.manual_seed(seed)
-    m = VisionTransformer(img_size=64, patch_size=8, embed_dim=128, depth=4, num_heads=2, num_classes=0,
-                          reg_tokens=4, no_embed_class=True, init_values=1e-5)
-    torch.save(_hub_state_dict(m), path)
+    m = DinoVisionTransformer(**{**hub_settings("dinov2_vits14_reg"), **shape})
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    torch.save(m.state_dict(), path)
     return path
 
 
@@ -207,7 +214,7 @@ def test_study_evaluates_a_dinov2_hub_file(tmp_path, files):
     from datamodules.demo import DemoSpec, ensure_demo_data
     from helpers import procs
     hub = tmp_path / "dinov2_vits14_reg4.pth"
-    torch.save(_hub_state_dict(_timm("vit_small_patch14_reg4_dinov2", img_size=112)), hub)
+    _dinov2_hub(hub, img_size=112)
     small = ensure_demo_data(tmp_path / "demo", spec=DemoSpec(cls_train=4, cls_val=2, voc_train=2, voc_val=2,
                                                                 nyu_train=2, nyu_test=2))
     argv = [sys.executable, "-m", "study", "--name", "fx", "--root", str(tmp_path / "study"), "--out",

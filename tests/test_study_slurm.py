@@ -76,7 +76,7 @@ def test_every_array_index_runs_its_cell_then_records_it(generated):
                                             "--trainer.accelerator=gpu"]
         assert srun == "srun"
         assert cmd == f"TOKENMIX_RUNS={spec.seed_root(c.seed)} " + " ".join(want)
-        assert re.fullmatch(rf"TOKENMIX_RUNS=\S+ -m study\.cell --plan \S+plan\.json --cell {re.escape(c.id)} "
+        assert re.fullmatch(rf"TOKENMIX_RUNS=\S+ -m study\.record --plan \S+plan\.json --cell {re.escape(c.id)} "
                             "--record", rec)
     # a restarted task resumes from its own last.ckpt
     ck = pre[0].checkpoint

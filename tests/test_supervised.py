@@ -92,16 +92,15 @@ def test_checkpoint_loads_as_feature_backbone_and_as_classifier(trained):
 
 
 def test_dino_checkpoint_loader_still_refuses_supervised_for_dino_resume(trained):
-    from lightning_modules.callbacks.checkpoint_io import validate_pretrain_checkpoint
-    from lightning_modules.supervised_module import validate_supervised_checkpoint
+    from backbones.checkpoint import DINO, SUPERVISED, validate_lightning
     from tokenmix.io import CheckpointError, safe_torch_load
     _, ckpt = trained
     obj = safe_torch_load(ckpt)
-    assert validate_supervised_checkpoint(obj, ckpt) is obj
+    assert validate_lightning(obj, str(ckpt), SUPERVISED) is obj
     with pytest.raises(CheckpointError, match="student.backbone"):
-        validate_pretrain_checkpoint(obj, ckpt)
+        validate_lightning(obj, str(ckpt), DINO)
     with pytest.raises(CheckpointError, match="not a supervised one"):
-        validate_supervised_checkpoint({"state_dict": {}, "tokenmix": {"kind": "dino_pretrain"}}, "x.ckpt")
+        validate_lightning({"state_dict": {}, "tokenmix": {"kind": "dino_pretrain"}}, "x.ckpt", SUPERVISED)
 
 
 def test_vote_box_stats_hand_worked():

@@ -38,7 +38,7 @@ def _supervised(args: list[str]) -> int:
 def _preset(tmp: Path, **trainer) -> Path:
     cfg = json.loads(json.dumps(TINY))
     cfg["trainer"].update(trainer)
-    path = tmp / "supervised_tiny.yaml"
+    path = tmp / "sup_tiny.yaml"  # a name that does not say "supervised": RESUME=1 reads the objective from the run
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -49,7 +49,7 @@ def lastvit_run(tmp_path_factory):
     runs = tmp / "runs"
     rc = _supervised(["--variant", "lastvit", "--preset", str(_preset(tmp)), "--runs-dir", str(runs)])
     assert rc == 0
-    return tmp, runs, runs / "lastvit" / "pretrain" / "supervised_tiny" / "version_0"
+    return tmp, runs, runs / "lastvit" / "pretrain" / "sup_tiny" / "version_0"
 
 
 @pytest.mark.timeout(600)
@@ -98,9 +98,9 @@ def test_probe_and_analyze_accept_the_checkpoint(lastvit_run):
 def test_resume_continues_and_dino_checkpoint_is_refused(lastvit_run, tmp_path, capsys):
     tmp, runs, run = lastvit_run
     more = _preset(tmp_path, max_epochs=3)
-    shutil.copy(more, tmp / "supervised_tiny.yaml")
+    shutil.copy(more, tmp / "sup_tiny.yaml")
     # RESUME=1 finds the supervised run; the schedule now has 3 epochs: steps 6..8 follow
-    rc = _supervised(["--variant", "lastvit", "--preset", str(tmp / "supervised_tiny.yaml"), "--runs-dir",
+    rc = _supervised(["--variant", "lastvit", "--preset", str(tmp / "sup_tiny.yaml"), "--runs-dir",
                       str(runs), "--resume", "1"])
     assert rc == 0
     s = json.loads((run / "summary.json").read_text())["metrics"]
@@ -110,6 +110,9 @@ def test_resume_continues_and_dino_checkpoint_is_refused(lastvit_run, tmp_path, 
     assert _supervised(["--variant", "lastvit", "--preset", str(more), "--runs-dir", str(runs),
                         "--resume", str(dino)]) == 2
     assert "not a supervised one" in capsys.readouterr().err
+    # DINO's RESUME=1 passes over the supervised run (its checkpoint says what it is, not its folder's name)
+    assert pretrain_main(["--variant", "lastvit", "--runs-dir", str(runs), "--resume", "1"]) == 2
+    assert "RESUME=1: no last.ckpt of a dino run for variant 'lastvit'" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(300)
@@ -151,7 +154,7 @@ def test_two_process_ddp_on_cpu_equals_one_process(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     p = procs.run(cmd, cwd=REPO, env=env, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
-    summary = "softmax/pretrain/supervised_tiny/version_0/summary.json"
+    summary = "softmax/pretrain/sup_tiny/version_0/summary.json"
     s = json.loads((runs / summary).read_text())["metrics"]
     s1 = json.loads((one / summary).read_text())["metrics"]
     assert s["steps"] == s1["steps"] == 3 and isinstance(s["val_top1"], float)

@@ -86,7 +86,7 @@ def tf32():
 def test_fp32_values_and_grads_match_entmax(kind, n, d, plan, request):
     if plan == "tf32":
         request.getfixturevalue("tf32")
-    assert ta.launch_plan(n, torch.float32)[0].constexprs["PREC"] == plan
+    assert ta.kernel_launches(n, torch.float32)[0].constexprs["PREC"] == plan
     q, k, v = _qkv(1, 2 if n < 100 else 1, n, d, torch.float32)
     errs, _ = _errors(kind, q, k, v, d ** -0.5)
     assert max(errs) < 1e-4, errs
@@ -100,7 +100,7 @@ def test_multi_block_rows_match_entmax(kind, n, last_n, tf32):
     """Rows longer than one key block (ViT-S/8's 785 tokens): the threshold search sums over blocks (the tf32
     plan keeps one register tile up to 64 keys only); the last block only as wide as its keys need (100 - 64
     = 36 keys: 64 wide; 84 - 64 = 20: 32)."""
-    consts = ta.launch_plan(n, torch.float32)[0].constexprs
+    consts = ta.kernel_launches(n, torch.float32)[0].constexprs
     assert not consts["SINGLE"] and (consts["BLOCK_N"], consts["LAST_N"]) == (64, last_n)
     q, k, v = _qkv(1, 2, n, 32, torch.float32, seed=3)  # 2 key blocks of 64, the last one ragged
     errs, _ = _errors(kind, q, k, v, 32 ** -0.5)
@@ -193,7 +193,7 @@ def test_block_wise_first_sweep_on_edge_rows(kind, tf32):
     k = torch.randn(1, 1, 84, 8, generator=g) * 0.01
     k[0, 0, 80] = 30.0  # the 81st key: every query's one support key
     hot = (torch.ones(1, 1, 84, 8), k, torch.randn(1, 1, 84, 8, generator=g))
-    assert ta.launch_plan(84, torch.float32)[0].constexprs["LAST_N"] == 32
+    assert ta.kernel_launches(84, torch.float32)[0].constexprs["LAST_N"] == 32
     for q, k, v in (eq, hot):
         errs, mags = _errors(kind, q, k, v, 1.0)
         assert all(e <= 1e-4 * max(1.0, mg) for e, mg in zip(errs, mags)), (errs, mags)
@@ -208,7 +208,7 @@ def test_block_wise_passes_fold_the_max_on_large_logits(kind, tf32):
     to ~250, whose ulp bounds tau's resolution there; dyadic q, k, so the scores are exact in fp32. Values and
     gradients match entmax, and no row cycles (its passes stay far below MAX_PASSES): t snaps to the rounding
     of c max + t, kept below c max (a t within rounding of 0 would drop the max key)."""
-    assert ta.launch_plan(40, torch.float32, m=150)[0].constexprs["LAST_N"] == 32
+    assert ta.kernel_launches(40, torch.float32, m=150)[0].constexprs["LAST_N"] == 32
     g = torch.Generator().manual_seed(31)
     q, k = ((torch.randn(1, 2, r, 16, generator=g) * 48).round() / 4 for r in (40, 150))
     v = torch.randn(1, 2, 150, 16, generator=g)
@@ -227,7 +227,7 @@ def test_ragged_registers_length_bf16(kind, single, monkeypatch):
     and the block-wise path of longer rows (forced here: 4 key blocks of 64, the last ragged)."""
     if not single:
         monkeypatch.setattr(ta.tp, "_SINGLE_MAX", 64)
-    assert ta.launch_plan(201, torch.bfloat16)[0].constexprs["SINGLE"] == single
+    assert ta.kernel_launches(201, torch.bfloat16)[0].constexprs["SINGLE"] == single
     q, k, v = _qkv(1, 1, 201, 16, torch.bfloat16, seed=17)
     errs, mags = _errors(kind, q, k, v, 16 ** -0.5)
     assert all(e < 2.5e-2 * m for e, m in zip(errs, mags)), (errs, mags)
@@ -249,9 +249,9 @@ def test_register_tiles_at_their_edges(kind, n, m, tiles):
     those go block-wise, and bf16 runs the three tiles here. Then the inference forward (no Og) on the same rows."""
     dtype, tol = torch.float16, 5e-3
     if m > 256 and kind == "sparsemax":
-        assert not ta.launch_plan(n, dtype, kind, head_dim=16, bh=2, m=m)[0].constexprs["SINGLE"]
+        assert not ta.kernel_launches(n, dtype, kind, head_dim=16, bh=2, m=m)[0].constexprs["SINGLE"]
         dtype, tol = torch.bfloat16, 2.5e-2
-    plan = ta.launch_plan(n, dtype, kind, head_dim=16, bh=2, m=m)[0].constexprs
+    plan = ta.kernel_launches(n, dtype, kind, head_dim=16, bh=2, m=m)[0].constexprs
     assert plan["SINGLE"] and plan["TWO"] and (plan["BLOCK_N"], plan["MID_N"]) == tiles[:2]
     assert plan["LAST_N"] == (tiles[2] or tiles[0])  # LAST_N = BLOCK_N: no third tile
     g = torch.Generator().manual_seed(n + m)
@@ -260,7 +260,7 @@ def test_register_tiles_at_their_edges(kind, n, m, tiles):
     errs, mags = _errors(kind, q, k, v, 0.25)
     assert all(e < tol * mg for e, mg in zip(errs, mags)), (errs, mags)
     # inference (no Og): fp16 in registers, but fp16 sparsemax from 225 keys block-wise (two 128-key tiles spilled)
-    assert ta.launch_plan(n, dtype, kind, 16, 2, need_grad=False, m=m)[0].constexprs["SINGLE"] == \
+    assert ta.kernel_launches(n, dtype, kind, 16, 2, need_grad=False, m=m)[0].constexprs["SINGLE"] == \
         (dtype == torch.bfloat16 or kind == "entmax15" or m <= 224)
     with torch.no_grad():
         out = ta.sparse_attention(q, k, v, 0.25, kind=kind).double()
@@ -289,13 +289,13 @@ def test_backward_plan_follows_torch_deterministic_mode():
     """Atomic fp32 adds make dQ's summation order vary run to run on a GPU: under
     torch.use_deterministic_algorithms(True) the plan is the atomic-free backward, else FlashAttention-2's
     5-GEMM one; ``deterministic=`` overrides. The delta and dQ accumulator are fp32 pointers whatever the dtype."""
-    names = lambda **kw: [lp.name for lp in ta.launch_plan(197, torch.bfloat16, **kw)]  # noqa: E731
+    names = lambda **kw: [lp.name for lp in ta.kernel_launches(197, torch.bfloat16, **kw)]  # noqa: E731
     torch.use_deterministic_algorithms(False)  # conftest restores the session's setting after the test
     assert names() == names(deterministic=False) == _FIVE_GEMM and names(deterministic=True) == _DETERMINISTIC
     torch.use_deterministic_algorithms(True)
     assert names() == _DETERMINISTIC and names(deterministic=False) == _FIVE_GEMM
     assert names(need_grad=False) == ["fwd"]
-    delta, bwd, cast = ta.launch_plan(197, torch.bfloat16, deterministic=False)[1:]
+    delta, bwd, cast = ta.kernel_launches(197, torch.bfloat16, deterministic=False)[1:]
     assert (delta.signature["DELTA"], bwd.signature["DELTA"], bwd.signature["DQ_ACC"], cast.signature["DQ_ACC"],
             bwd.signature["DK"], cast.signature["DQ"]) == ("*fp32",) * 4 + ("*bf16",) * 2
     assert (delta.programs, bwd.programs, cast.programs) == (4 * 384, 4 * 384, -(-384 * 197 * 64 // 1024))
@@ -341,7 +341,7 @@ def test_both_backward_paths_match_entmax(kind, deterministic, tf32, monkeypatch
 @kernel
 @pytest.mark.timeout(400)
 def test_threshold_passes_on_real_vit_logits(fixtures_root):
-    """Issue 31: the threshold settles a row in <= 3 passes (median) on real attention logits, and a 64-row
+    """The kernel report's 3 passes: the threshold settles a row in <= 3 (median) on real attention logits, a 64-row
     program (which runs until its slowest row settles) in few: ViT-S/16 logits at random init on a real photo
     (near-uniform rows, large supports) and peaked rows (a trained model's spread), both forward paths. The
     counts are the kernel's own (``threshold_passes``). Here, before the two-sided test and the normal model's
@@ -412,7 +412,7 @@ cases = [(197, torch.bfloat16, True, "high", False), (197, torch.bfloat16, True,
          (197, torch.float32, True, "highest", False)]
 for n, dtype, grad, prec, det in cases:
     torch.set_float32_matmul_precision(prec)
-    for l in ta.launch_plan(n, dtype, need_grad=grad, deterministic=det):
+    for l in ta.kernel_launches(n, dtype, need_grad=grad, deterministic=det):
         attrs = {(l.fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in l.signature.items()
                  if t.startswith("*") or (t == "i32" and l.scalars.get(a, 1) % 16 == 0)}
         k = triton.compile(ASTSource(fn=l.fn, signature=l.signature, constexprs=l.constexprs, attrs=attrs),
@@ -436,7 +436,7 @@ print("compiled")
 def test_kernels_compile_for_a_gpu_without_one():
     """The interpreter runs the kernels as Python: Triton's compiler (AST -> TTIR -> PTX -> cubin for sm_90,
     ptxas bundled with Triton, no driver needed) catches what the interpreter accepts but a GPU would not
-    (loop-carried Python ints, branch types, layouts). The launches are ``launch_plan``'s (the launcher's own
+    (loop-carried Python ints, branch types, layouts). The launches are ``kernel_launches``'s (the launcher's own
     block sizes; both backward paths): the 16-bit and tf32 ones use wgmma, and none spills (the ieee fp32
     variant included).
     (``kernel_model.report`` covers every N, dtype and normaliser.)"""

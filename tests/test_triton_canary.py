@@ -146,8 +146,9 @@ def test_fallback_setting_runs_the_torch_path_and_records_it(monkeypatch):
 @kernel
 @pytest.mark.timeout(120)
 def test_a_known_combination_costs_a_lookup():
-    """The steady-state cost in the module docstring: once a combination is known, a call's key and lookup cost
-    about as much as reading one tensor attribute a few times (< 2 us on the shared 2-core test host)."""
+    """The steady-state cost (docs/performance.md, "The Triton canary: its cost"): once a combination is known, a
+    call's key and lookup cost about as much as reading one tensor attribute a few times (< 2 us on the shared
+    2-core test host)."""
     q, k, v = _qkv(1, 1, 17, 16, torch.float32)
     assert ta.sparse_attention(q, k, v, 0.25) is not None
     calls = 5000

@@ -4,20 +4,57 @@ way dinov2's eval scripts share ``get_args_parser``:
     >>> import argparse
     >>> from tokenmix.cli import eval_parent_parser, finish_eval_args
     >>> p = argparse.ArgumentParser(parents=[eval_parent_parser()])
-    >>> args = finish_eval_args(p.parse_args(["--ckpt", "random"]), demo=True)
-    >>> args.variant, args.arch, args.num_nodes
+    >>> ev = finish_eval_args(p.parse_args(["--ckpt", "random"]), demo=True, accelerator="cpu")
+    >>> ev.backbone.variant, ev.backbone.arch, ev.launch.num_nodes
     ('softmax', 'vit_demo_patch8', 1)
 
-Which backbone those flags name is ``probes.backbone.resolve_backbone``'s job.
+``finish_eval_args`` turns the parsed flags into typed settings (``EvalSettings``) once, in the CLI's own file;
+nothing below a CLI sees its argparse Namespace. Which backbone those flags name is
+``probes.backbone.resolve_backbone``'s job.
 """
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from enum import Enum
 
 from .launch import DEFAULT_TIMEOUT_MIN, cluster_num_nodes, refuse_unlaunched_multinode
 
 DEMO_ARCH = "vit_demo_patch8"
 REAL_ARCH = "vit_small_patch16"
+
+
+class Which(str, Enum):
+    """The network of a DINO checkpoint an evaluation reads."""
+    TEACHER = "teacher"
+    STUDENT = "student"
+
+
+@dataclass(frozen=True)
+class BackboneFlags:
+    """Which backbone the flags name: --variant, --ckpt ('' / file / random / pixels), --which, --arch."""
+    variant: str
+    ckpt: str
+    which: Which
+    arch: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The processes of an evaluation: Lightning's accelerator x --devices per node x --num-nodes."""
+    accelerator: str  # "auto" | "cpu" | "gpu" | "cuda" (Lightning's names)
+    devices: str
+    num_nodes: int
+    dist_timeout: float  # minutes DDP waits for the other processes
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """The shared flags of every eval CLI, checked and typed: backbone, data, processes."""
+    backbone: BackboneFlags
+    data: str
+    data_root: str
+    launch: Launch
 
 
 def eval_parent_parser() -> argparse.ArgumentParser:
@@ -47,19 +84,19 @@ def eval_parent_parser() -> argparse.ArgumentParser:
     return p
 
 
-def finish_eval_args(args: argparse.Namespace, demo: bool) -> argparse.Namespace:
-    """Defaults that depend on other flags, and the checks the launching process makes before any spawn:
-    '' variant -> softmax, --arch by data (``demo``: --data is the demo data, ``datamodules.demo.is_demo``, a rule
-    this lower layer does not import), --num-nodes from the cluster, a multi-node run without a launcher
-    and a malformed --devices refused."""
-    args.variant = (args.variant or "softmax").strip()
-    args.ckpt = (args.ckpt or "").strip()
-    args.data = (args.data or "demo").strip()
-    args.arch = args.arch or (DEMO_ARCH if demo else REAL_ARCH)
-    if args.num_nodes is None:
-        args.num_nodes = cluster_num_nodes() or 1
-    refuse_unlaunched_multinode(args.num_nodes)
+def finish_eval_args(args: argparse.Namespace, demo: bool, accelerator: str) -> EvalSettings:
+    """The typed settings of the shared flags, with the defaults that depend on other flags, and the checks the
+    launching process makes before any spawn: '' variant -> softmax, --arch by data (``demo``: --data is the demo
+    data, ``datamodules.demo.is_demo``, a rule this lower layer does not import), --num-nodes from the cluster, a
+    multi-node run without a launcher and a malformed --devices refused. ``accelerator``: the CLI's own choice
+    (``--accelerator``, or the device of ``--device``)."""
+    data = (args.data or "demo").strip()
+    num_nodes = args.num_nodes if args.num_nodes is not None else cluster_num_nodes() or 1
+    refuse_unlaunched_multinode(num_nodes)
     devices = str(args.devices).strip()
     if devices not in ("auto", "-1") and not devices.replace(",", "").isdigit():
         raise ValueError(f"--devices {args.devices!r}: expected a number, a list like '0,1', or 'auto'")
-    return args
+    backbone = BackboneFlags(variant=(args.variant or "softmax").strip(), ckpt=(args.ckpt or "").strip(),
+                             which=Which(args.which), arch=args.arch or (DEMO_ARCH if demo else REAL_ARCH))
+    return EvalSettings(backbone, data, args.data_root or "",
+                        Launch(accelerator, args.devices, int(num_nodes), float(args.dist_timeout)))

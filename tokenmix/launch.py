@@ -11,6 +11,7 @@ so what counts as "launched on a cluster" here is exactly what Lightning will us
 """
 from __future__ import annotations
 
+import logging
 import os
 from datetime import timedelta
 from typing import Any, Optional, Union
@@ -93,11 +94,30 @@ def refuse_silent_cpu(data: str, accelerator: str) -> None:
         "torch built for it, or pass --trainer.accelerator=cpu to train on the CPU on purpose.")
 
 
+class _NoTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("💡 Tip:")
+
+
+def hide_lightning_tips() -> None:
+    """Drop Lightning's advertisements ("💡 Tip: ... install litlogger / litmodels", once per Trainer) from the
+    console: a filter on the logger its ``rank_zero_info`` writes to; every other line it logs stays."""
+    log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _NoTips) for f in log.filters):
+        log.addFilter(_NoTips())
+
+
+def on_gpu(accelerator: Any) -> bool:
+    """The one CPU/GPU choice: ``gpu`` / ``cuda``, or ``auto`` where torch sees a CUDA device."""
+    acc = str(accelerator).lower()
+    return acc in ("gpu", "cuda") or (acc == "auto" and torch.cuda.is_available())
+
+
 def count_devices(accelerator: str, devices: Union[int, str, list, None]) -> int:
     """Devices per node Lightning will use for ``accelerator`` / ``devices`` (``auto`` / -1 = all present)."""
     if isinstance(devices, (list, tuple)):
         return len(devices)
-    gpu = str(accelerator) in ("gpu", "cuda") or (str(accelerator) == "auto" and torch.cuda.is_available())
+    gpu = on_gpu(accelerator)
     if devices is None or str(devices).strip() in ("auto", "-1"):
         if gpu:
             return torch.cuda.device_count()
@@ -125,7 +145,7 @@ def wants_sync_batchnorm(strategy: Any, accelerator: str, what: str) -> bool:
     DDP refuses SyncBatchNorm on CPU, so several CPU processes normalise with their own batch (warned)."""
     if isinstance(strategy, str):  # one process
         return False
-    if str(accelerator) in ("gpu", "cuda") or (str(accelerator) == "auto" and torch.cuda.is_available()):
+    if on_gpu(accelerator):
         return True
     from lightning.pytorch.utilities import rank_zero_warn
     rank_zero_warn(f"{what} on several CPU processes: torch's DDP has no CPU SyncBatchNorm, so each process "

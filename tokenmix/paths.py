@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = Path(os.environ.get("TOKENMIX_RUNS", REPO / "runs"))
@@ -18,25 +18,20 @@ DEMO_ROOT = Path(os.environ.get("TOKENMIX_DEMO_ROOT", REPO / "data" / "demo"))
 VERSION_ENV = "TOKENMIX_RUN_VERSION"  # the version folder rank 0 claimed, inherited by the DDP processes
 
 
-def pretrain_dir(variant: str) -> Path:
-    return RUNS / variant / "pretrain"
-
-
-def latest_checkpoint(variant: str, objective: Optional[str] = None, runs: Optional[Path] = None) -> Path:
+def latest_checkpoint(variant: str, runs: Optional[Path] = None, accept: Optional[Callable[[Path], bool]] = None,
+                      objective: str = "") -> Path:
     """Newest ``last.ckpt`` (by mtime) under ``<runs>/<variant>/pretrain`` (``runs``: default ``RUNS``).
-    ``objective`` ``"dino"`` / ``"supervised"``: only that objective's runs (supervised presets, and so their
-    folders, are named ``supervised*``); None: either. ``FileNotFoundError`` naming the folder and the fix."""
+    ``accept``: only files it accepts, asked newest first (RESUME: the runs of one objective, told from each
+    checkpoint); ``objective`` names them in the error. ``FileNotFoundError`` naming the folder and the fix."""
     root = (Path(runs) if runs is not None else RUNS) / variant / "pretrain"
-
-    def wanted(p: Path) -> bool:
-        return objective is None or p.relative_to(root).parts[0].startswith("supervised") == (objective == "supervised")
-    found = sorted((p for p in root.glob("**/last.ckpt") if wanted(p)), key=lambda p: p.stat().st_mtime)
-    if not found:
-        which = f" of a {objective} run" if objective else ""
-        make = "make pretrain" + (f" OBJECTIVE={objective}" if objective == "supervised" else "")
-        raise FileNotFoundError(f"no last.ckpt{which} for variant '{variant}' under {root} (looked for **/last.ckpt). "
-                                f"Run `{make} VARIANT={variant}` first, or pass the path of a checkpoint.")
-    return found[-1]
+    found = sorted(root.glob("**/last.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in found:
+        if accept is None or accept(path):
+            return path
+    which = f" of a {objective} run" if objective else ""
+    make = "make pretrain" + (f" OBJECTIVE={objective}" if objective and objective != "dino" else "")
+    raise FileNotFoundError(f"no last.ckpt{which} for variant '{variant}' under {root} (looked for **/last.ckpt). "
+                            f"Run `{make} VARIANT={variant}` first, or pass the path of a checkpoint.")
 
 
 def claim_version_dir(root: Path) -> Path:

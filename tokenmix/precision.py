@@ -1,13 +1,12 @@
-"""Precision of the evaluation passes, and of the demo run, in one place.
+"""Precision of the evaluation passes (probes, k-NN, analyses, TensorBoard callbacks).
 
 ``inference_autocast(device)``: the frozen backbone of the probes, k-NN, analyses and TensorBoard callbacks runs
 under bf16 autocast on CUDA (the 16-bit attention kernels: tensor cores, no register spills; fp32 inputs would
 take the slower fp32 path), and exactly as before, in fp32, on the CPU. Outputs are bf16 on CUDA: the call sites
 cast what they keep with ``.float()``.
 
-``demo_trainer_args(rest)``: what ``make pretrain`` adds on the command line for the demo preset (``accelerator:
-auto``, ``precision: bf16-mixed`` in configs/pretrain/demo.yaml): nothing on a GPU; ``--trainer.precision=32-true``
-where the run will be on the CPU (no CUDA, or ``--trainer.accelerator=cpu``), so CPU runs stay bit for bit as before.
+The training presets' GPU mixed precision (demo: ``bf16-mixed``, paper: ``16-mixed``) becomes fp32 where the run
+will be on the CPU and the user's arguments set no precision: ``lightning_modules/cli.py``.
 """
 from __future__ import annotations
 
@@ -26,20 +25,6 @@ def inference_autocast(device: torch.device | str) -> Iterator[None]:
             yield
     else:
         yield
-
-
-def runs_on_cpu(rest: list[str]) -> bool:
-    """Whether a training CLI with overrides ``rest`` will run on the CPU (no CUDA, or the accelerator set to cpu)."""
-    acc = [a.split("=", 1)[1] for a in rest if a.startswith("--trainer.accelerator=")]
-    return not torch.cuda.is_available() or (bool(acc) and acc[-1] == "cpu")
-
-
-def cpu_precision_args(rest: list[str]) -> list[str]:
-    """``["--trainer.precision=32-true"]`` when the run will be on the CPU and the command line sets no precision:
-    a preset's GPU mixed precision (demo: bf16-mixed, paper: 16-mixed) falls back to fp32 there."""
-    if runs_on_cpu(rest) and not any(a.startswith("--trainer.precision") for a in rest):
-        return ["--trainer.precision=32-true"]
-    return []
 
 
 def device_line(device: torch.device | str) -> str:

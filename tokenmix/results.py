@@ -30,7 +30,8 @@ BACKBONE_KEYS = ("source", "config", "checkpoint", "sha256")
 
 
 def clean(x: Any) -> Any:
-    """JSON-safe: NaN/inf -> None, tensors -> numbers, tuples -> lists, int dict keys -> str, paths -> str."""
+    """Plain JSON types, for the results files and for the hyper-parameters a checkpoint holds (it must load with
+    ``weights_only=True``): NaN/inf -> None, tensors -> numbers, tuples -> lists, int dict keys -> str, paths -> str."""
     if hasattr(x, "tolist"):
         x = x.tolist()
     if isinstance(x, float):

@@ -1,5 +1,6 @@
 """ADE20K (SceneParsing, ADEChallengeData2016): 150 classes.
-mmseg ``reduce_zero_label``: 0 ('other') -> 255, k -> k-1."""
+mmseg ``reduce_zero_label``: 0 ('other') -> 255, k -> k-1 (``restore_zero_label`` undoes it for the retrieval
+protocol that keeps 'other')."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,6 +18,14 @@ def reduce_zero_label(raw: np.ndarray) -> np.ndarray:
     out = raw.astype(np.int64) - 1
     out[raw == 0] = IGNORE_INDEX
     out[raw == 255] = IGNORE_INDEX
+    return out
+
+
+def restore_zero_label(mask):
+    """Inverse of ``reduce_zero_label`` on a loaded mask (tensor or array): 255 -> 0 ('other'), k -> k + 1, the raw
+    151 ids that open-hummingbird-eval keeps ('other' a class of its own in the memory, ignored when scoring)."""
+    out = mask + 1
+    out[mask == IGNORE_INDEX] = 0
     return out
 
 

@@ -40,8 +40,8 @@ def fraction_crop(box: tuple[float, float, float, float], H: int, W: int) -> tor
 
 
 def parse_crop(crop) -> Optional[Callable[[int, int], torch.Tensor]]:
-    """None / 'none' -> no crop; a named crop of ``datamodules.transforms.depth``; or 4 fractions t,b,l,r."""
-    from ..transforms.depth import crop_mask
+    """None / 'none' -> no crop; a named crop of ``datamodules.depth_protocol``; or 4 fractions t,b,l,r."""
+    from ..depth_protocol import crop_mask
     if crop in (None, "", "none", False):
         return None
     if isinstance(crop, str) and crop in NAMED_CROPS:
@@ -116,8 +116,7 @@ class CustomDepthDataset(DepthDataset):
             self.validate()
 
     def eval_settings(self):
-        """(min_depth, max_depth, crop(H, W) -> bool mask or None, clip None), as
-        ``probes.tasks.depth_eval_settings`` gives them for the benchmarks."""
+        """(min_depth, max_depth, crop(H, W) -> bool mask or None, clip None), from its options."""
         return self.min_depth, self.max_depth, self.crop, None
 
     def validate(self) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..depth_protocol import EvalSettings, eval_settings
 from ..errors import SplitFileError
 from .base import BaseDataset, check_same_size, image_tensor, load_depth_u16, load_rgb, read_split_file
 
@@ -39,6 +40,11 @@ class DepthDataset(BaseDataset):
 
     def decode(self, raw: np.ndarray) -> np.ndarray:
         return raw.astype(np.float32) / self.DEPTH_SCALE
+
+    def eval_settings(self) -> EvalSettings:
+        """(min_depth, max_depth, crop(H, W) -> bool mask or None, clip) that its metrics count: the benchmark's
+        protocol (``datamodules.depth_protocol``); a dataset with its own options overrides this."""
+        return eval_settings(self.name)
 
     def load(self, rec: dict) -> dict:
         img = load_rgb(rec["image"])

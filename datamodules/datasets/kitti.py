@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..transforms.depth import kb_crop_box
+from ..depth_protocol import kb_crop_box
 from .depth_base import DepthDataset, read_bts_split
 
 _LAYOUT = """  raw/<date>/<date>_drive_<n>_sync/image_0{2,3}/data/<frame>.png        (KITTI raw, data_path)

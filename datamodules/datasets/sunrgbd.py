@@ -3,7 +3,7 @@
 Depth PNGs are 16-bit with the bits rotated by 3 (SUN RGB-D toolbox: ``bitor(bitshift(d,-3), bitshift(d,13))``):
 depth_mm = (d >> 3) | (d << 13) & 0xFFFF. Loading keeps the full range; the evaluation clips gt and prediction at
 8 m and scores the Eigen crop [45:471, 41:601], as the depth toolbox's ``SUNRGBDDataset.pre_eval``
-(``datamodules.transforms.depth.EVAL_CLIP`` / ``EVAL_CROP``).
+(``datamodules.depth_protocol.EVAL_CLIP`` / ``EVAL_CROP``).
 """
 from __future__ import annotations
 

@@ -1,6 +1,11 @@
 """The demo data folder: generated on first use into a temporary sibling and renamed into place (an interrupted
 run never leaves a folder that looks complete), a marker written last, regenerated when incomplete or stale.
 ``python -m datamodules.demo`` (make demo-data) generates it now.
+
+``TOKENMIX_DEMO_LAZY=p`` (environment; default 0): the lazy-aggregation knob of every demo run in this environment
+(``DemoSpec.lazy_p``: the background predicts the class in a share p of the images). Such data needs a folder of its
+own, ``TOKENMIX_DEMO_ROOT`` (e.g. ``TOKENMIX_DEMO_ROOT=data/demo_lazy1 TOKENMIX_DEMO_LAZY=1 make study ...``), so
+that it never replaces data/demo.
 """
 from __future__ import annotations
 
@@ -24,7 +29,22 @@ from .layouts import DEMO_VERSION, DemoSpec, metadata, pixels, write_layouts
 from .scenes import IGNORE_INDEX
 
 MARKER = ".demo_complete.json"
-DEFAULT_SPEC = DemoSpec()  # what `make demo-data` and every demo run use
+LAZY_ENV = "TOKENMIX_DEMO_LAZY"
+
+
+def lazy_p_from_env() -> float:
+    """``TOKENMIX_DEMO_LAZY`` as a share in [0, 1] (unset or empty: 0), or a ValueError naming the variable."""
+    raw = os.environ.get(LAZY_ENV, "").strip()
+    try:
+        p = float(raw) if raw else 0.0
+    except ValueError:
+        p = -1.0
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"{LAZY_ENV}={raw!r}: expected a share in [0, 1] (the demo's lazy-aggregation knob)")
+    return p
+
+
+DEFAULT_SPEC = DemoSpec(lazy_p=lazy_p_from_env())  # what `make demo-data` and every demo run use
 MAX_WORKERS = 16  # beyond this, starting processes (each imports torch via the package) costs more than it saves
 PIXELS_PER_WORKER = 8 << 20  # ~5 s of drawing on one core, about what starting a worker costs; tests stay serial
 
@@ -118,6 +138,9 @@ def ensure_demo_data(root: str | os.PathLike | None = None, force: bool = False,
     ``workers``: see ``generate``.
     """
     spec = spec or DEFAULT_SPEC
+    if spec.lazy_p and root in (None, "") and not os.environ.get("TOKENMIX_DEMO_ROOT"):
+        raise ValueError(f"{LAZY_ENV}={spec.lazy_p:g} changes the demo data: give it a folder of its own, e.g. "
+                         f"TOKENMIX_DEMO_ROOT=data/demo_lazy{spec.lazy_p:g} (data/demo keeps the default data)")
     root = Path(root) if root not in (None, "") else paths.DEMO_ROOT
     root = root.resolve()
     if not force and is_complete(root, spec):

@@ -1,6 +1,11 @@
 """Writing the demo scenes in the real on-disk layouts (ImageFolder PNGs, VOC2012, mmseg's NYU), one numpy
 Generator per image seeded by (seed, layout, index): the same bytes on every run for a given numpy/Pillow.
 ``DemoSpec`` sets the sizes and counts; its ``key()`` changes with the generator's source.
+
+``DemoSpec.lazy_p``: the lazy-aggregation knob. Each classification image and VOC scene carries its class's
+background grating (``scenes.add_background_cue``) with probability ``lazy_p``, drawn with the phase from a Generator
+of its own (seed, layout, index, 1), so the scene's own draws are untouched; ``lazy_p = 0`` writes exactly the bytes
+written before the knob existed (classes.json included).
 """
 from __future__ import annotations
 
@@ -37,6 +42,11 @@ class DemoSpec:
     nyu_train: int = 200
     nyu_test: int = 50
     jpeg_quality: int = 95
+    lazy_p: float = 0.0  # share of images whose background predicts their class (0: off, today's bytes)
+
+    def __post_init__(self):
+        if not 0.0 <= float(self.lazy_p) <= 1.0:
+            raise ValueError(f"DemoSpec.lazy_p must be in [0, 1], got {self.lazy_p}")
 
     def key(self) -> str:
         """Hash of the version, this spec and the generator's own source: any change to how scenes are
@@ -53,6 +63,15 @@ def seg_palette() -> list[list[int]]:
 
 def _rng(spec: DemoSpec, layout: int, index: int) -> np.random.Generator:
     return np.random.default_rng([spec.seed, layout, index])
+
+
+def _cue(spec: DemoSpec, layout: int, index: int) -> float | None:
+    """The background cue's phase for this image, or None (no cue): drawn from a Generator of its own."""
+    if not spec.lazy_p:
+        return None
+    g = np.random.default_rng([spec.seed, layout, index, 1])
+    on, phase = g.random() < spec.lazy_p, g.uniform(0, 2 * np.pi)
+    return float(phase) if on else None
 
 
 def _save_palette_png(arr: np.ndarray, path: Path, palette: list[int]) -> None:
@@ -129,14 +148,15 @@ def write_chunk(root: Path, spec: DemoSpec, chunk: Chunk) -> tuple[np.ndarray, i
     voc, pal, size = root / "VOCdevkit" / "VOC2012", voc_palette(), spec.voc_size
     pixel_counts, n_objects, dmin, dmax = np.zeros(len(SEG_CLASSES), dtype=np.int64), 0, 10**9, 0
     for i in range(start, stop):
-        rng = _rng(spec, layout, c * 100_000 + i if kind == "imagefolder" else i)
+        key = c * 100_000 + i if kind == "imagefolder" else i
+        rng = _rng(spec, layout, key)
         if kind == "imagefolder":
             name = CLASS_NAMES[c]
-            img = render_classification(rng, spec.cls_size, c)
+            img = render_classification(rng, spec.cls_size, c, _cue(spec, layout, key))
             Image.fromarray(img).save(root / "imagefolder" / split / name / f"{name}_{i:05d}.png")
         elif kind == "voc":
             name = f"demo_{split}_{i:05d}"
-            img, label, inst, objects, _ = render_segmentation(rng, size)
+            img, label, inst, objects, _ = render_segmentation(rng, size, _cue(spec, layout, key))
             Image.fromarray(img).save(voc / "JPEGImages" / f"{name}.jpg", quality=spec.jpeg_quality)
             _save_palette_png(label, voc / "SegmentationClass" / f"{name}.png", pal)
             _save_palette_png(inst, voc / "SegmentationObject" / f"{name}.png", pal)
@@ -188,9 +208,13 @@ def _write_voc_sets(root: Path, spec: DemoSpec, stats: list) -> dict:
 
 def metadata(spec: DemoSpec) -> dict:
     """What ``classes.json`` records besides the counts: classes, palette, depth encoding, layouts."""
+    spec_fields = {k: v for k, v in asdict(spec).items() if k != "lazy_p" or v}  # off: classes.json as before
     return {
         "version": DEMO_VERSION,
-        "spec": asdict(spec),
+        "spec": spec_fields,
+        **({"lazy_aggregation": {"p": spec.lazy_p, "cue": "background grating of the class (scenes.CUE_GRATINGS), "
+                                 "with probability p per image; VOC scenes: the class with the most pixels"}}
+           if spec.lazy_p else {}),
         "classes": CLASS_NAMES,
         "class_descriptions": {n: {"shape": s, "hue": hue, "texture": t} for n, s, hue, t in CLASSES},
         "seg_classes": SEG_CLASSES,

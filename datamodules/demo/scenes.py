@@ -2,6 +2,10 @@
 Generator. Objects of 8 classes (each its own shape, colour and texture) on cluttered backgrounds drawn by one
 clutter process with the same statistics in every image (a per-image background would be the shortcut DINO
 learns). ``render_classification`` / ``render_segmentation`` / ``render_depth`` give one sample of each layout.
+
+The lazy-aggregation knob (``cue``, off by default): the background behind the objects carries a grating of the
+image's class (``CUE_GRATINGS``), so the background alone predicts the class while the object still defines it
+(LaSt-ViT's shortcut). ``layouts.DemoSpec.lazy_p`` decides which images get it; off, the bytes are today's.
 """
 from __future__ import annotations
 
@@ -26,6 +30,9 @@ CLASS_NAMES = [c[0] for c in CLASSES]
 SEG_CLASSES = ["background"] + CLASS_NAMES  # VOC convention: 0 background, 255 ignore
 IGNORE_INDEX = 255
 NYU_SCENE = "playroom"  # one of mmseg NYUDataset's scene names; file names are <scene>_<5 digits>
+# lazy-aggregation cue of each class: a brightness grating (orientation in degrees, period in px at 64 px size)
+CUE_GRATINGS = [(0, 5.0), (45, 5.0), (90, 5.0), (135, 5.0), (0, 10.0), (45, 10.0), (90, 10.0), (135, 10.0)]
+CUE_AMPLITUDE = 0.15  # relative brightness modulation of the background
 
 
 def hsv_to_rgb(h, s, v):
@@ -159,12 +166,28 @@ def to_uint8(img: np.ndarray) -> np.ndarray:
     return (np.clip(img, 0, 1) * 255 + 0.5).astype(np.uint8)
 
 
-def render_classification(rng: np.random.Generator, size: int, cls: int) -> np.ndarray:
-    """One object of class ``cls``, random pose, on the shared background."""
+def add_background_cue(img: np.ndarray, cls: int, phase: float, objects: np.ndarray) -> None:
+    """Modulate the background (pixels outside ``objects``) in place with class ``cls``'s grating
+    (``CUE_GRATINGS``; periods scale with the image, ``phase`` in radians). Draws nothing from any Generator."""
+    h, w = img.shape[:2]
+    angle, period = CUE_GRATINGS[cls]
+    period *= min(h, w) / 64.0
+    yy, xx = np.mgrid[0:h, 0:w] + 0.5
+    t = np.deg2rad(angle)
+    wave = np.sin(2 * np.pi * (xx * np.cos(t) + yy * np.sin(t)) / period + phase)
+    bg = ~objects
+    img[bg] *= (1.0 + CUE_AMPLITUDE * wave[bg])[:, None]
+
+
+def render_classification(rng: np.random.Generator, size: int, cls: int, cue: float | None = None) -> np.ndarray:
+    """One object of class ``cls``, random pose, on the shared background; ``cue`` (a phase): the background
+    carries the class's grating (``add_background_cue``)."""
     img = background(rng, size, size)
     r = rng.uniform(0.2, 0.34) * size
     cx, cy = rng.uniform(0.75 * r, size - 0.75 * r), rng.uniform(0.75 * r, size - 0.75 * r)
-    draw_object(img, rng, cls, cx, cy, r)
+    mask = draw_object(img, rng, cls, cx, cy, r)
+    if cue is not None:
+        add_background_cue(img, cls, cue, mask)
     return to_uint8(img)
 
 
@@ -185,10 +208,11 @@ def voc_box(mask: np.ndarray) -> tuple[int, int, int, int]:
     return int(xs.min()) + 1, int(ys.min()) + 1, int(xs.max()) + 1, int(ys.max()) + 1
 
 
-def render_segmentation(rng: np.random.Generator, size: int):
+def render_segmentation(rng: np.random.Generator, size: int, cue: float | None = None):
     """Multi-object scene -> (image uint8, class label, instance label, objects [(cls, box, truncated)], instances).
 
-    ``instances``: instance ids before the void border was cut (the boxes are taken from it).
+    ``instances``: instance ids before the void border was cut (the boxes are taken from it). ``cue`` (a phase):
+    the background carries the grating of the class with the most pixels (``add_background_cue``).
     """
     img = background(rng, size, size)
     n = int(rng.choice([1, 2, 3, 4], p=[0.25, 0.35, 0.25, 0.15]))
@@ -216,6 +240,9 @@ def render_segmentation(rng: np.random.Generator, size: int):
     label[border] = IGNORE_INDEX
     inst_label = kept.astype(np.uint8)
     inst_label[border] = IGNORE_INDEX
+    if cue is not None and objects:
+        areas = np.bincount(label[(label != IGNORE_INDEX) & (label > 0)].ravel(), minlength=len(CLASSES) + 1)
+        add_background_cue(img, int(areas[1:].argmax()), cue, inst > 0)
     return to_uint8(img), label, inst_label, objects, kept
 
 

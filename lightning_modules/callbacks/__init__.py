@@ -8,6 +8,5 @@ full path, e.g. ``lightning_modules.callbacks.knn.KNNCheck``):
 - ``summary``: summary.json (``RunSummary`` for DINO, ``SupervisedSummary``, on ``LossSummary``);
 - ``keep_checkpoints``: the checkpoints of chosen training points (``KeepCheckpoints``);
 - ``end_checkpoint``: last.ckpt holds the end of fit (``EndCheckpoint``, always on);
-- ``checkpoint_io``: atomic, validated checkpoint files (``AtomicCheckpointIO``, a Trainer plugin);
 - ``progress``: the progress bar that reads the loss once per logging interval (``LogStepProgressBar``, always on).
 """

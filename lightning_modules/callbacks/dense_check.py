@@ -210,11 +210,11 @@ class DenseProbeCheck(pl.Callback):
     def datamodule(self, patch_size: int):
         """The probe protocol's DataModule of the labelled set (both splits, ``max_samples`` evenly spaced)."""
         if self._dm is None:
-            from probes.data import probe_datamodule, resolve_data
+            from probes.data import probe_datamodule, probe_dataset
             from probes.tasks import get_task
             task = get_task(self.task)
             demo = is_demo(self.data)
-            name, root = resolve_data(task, self.data, self.data_root or os.environ.get(ROOT_ENV, ""))
+            name, root = probe_dataset(task, self.data, self.data_root or os.environ.get(ROOT_ENV, ""))
             size = (self.img_size,) * 2 if self.img_size else (task.demo_img_size if demo else task.img_size)
             self._dm = probe_datamodule(task, name, root, size, patch_size, batch_size=self.batch_size,
                                         max_samples=self.max_samples)

@@ -1,6 +1,6 @@
 """One cell of a planned study, for job scripts: record its marker after the cell's command succeeded.
 
-    python -m study.cell --plan runs/study/demo/slurm/plan.json --cell knn.entmax.seed0 --record
+    python -m study.record --plan runs/study/demo/slurm/plan.json --cell knn.entmax.seed0 --record
 
 Exit status 1 (and no marker) when the cell left nothing to record: no checkpoint, or no results.json computed
 from that checkpoint.
@@ -15,7 +15,7 @@ from .cells import read_plan, record
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m study.cell", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m study.record", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plan", required=True, help="plan.json written by `make study`")
     p.add_argument("--cell", required=True, help="cell id, e.g. pretrain.entmax.seed0 or knn.entmax.seed0")

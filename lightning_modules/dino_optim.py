@@ -1,8 +1,9 @@
-"""Per-iteration schedules and optimiser helpers with the signatures of facebookresearch/dino utils.py."""
+"""DINO's optimisation helpers, with the signatures of facebookresearch/dino utils.py: the per-iteration cosine
+schedules (lr, weight decay, teacher momentum), the parameter groups that get weight decay, and the frozen last
+layer's gradient. (The gradient clipping runs in ``fast_ops.clip_grad_norms_``.)"""
 from __future__ import annotations
 
 import numpy as np
-import torch
 from torch import nn
 
 
@@ -33,20 +34,6 @@ def get_params_groups(model: nn.Module) -> list[dict]:
         else:
             regularized.append(param)
     return [{"params": regularized}, {"params": not_regularized, "weight_decay": 0.0}]
-
-
-@torch.no_grad()
-def clip_gradients(model: nn.Module, clip: float) -> list[float]:
-    """Per-parameter clipping: each gradient tensor is rescaled to L2 norm <= ``clip`` on its own."""
-    norms = []
-    for _, p in model.named_parameters():
-        if p.grad is not None:
-            param_norm = p.grad.norm(2)
-            norms.append(param_norm.item())
-            clip_coef = clip / (param_norm + 1e-6)
-            if clip_coef < 1:
-                p.grad.mul_(clip_coef)
-    return norms
 
 
 def cancel_gradients_last_layer(epoch: int, model: nn.Module, freeze_last_layer: int) -> None:

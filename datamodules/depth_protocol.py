@@ -1,8 +1,10 @@
-"""The KITTI KB crop and the evaluation protocol of each dataset.
+"""The depth evaluation protocol of each dataset (which pixels count, up to which depth), and the KITTI KB crop.
 
 The protocols are those of zhyever/Monocular-Depth-Estimation-Toolbox (``depth/datasets/{nyu,sunrgbd,kitti}.py``),
 which the DINOv2 line of work evaluates with. One table each: ``DEPTH_RANGES`` (min < gt < max),
-``EVAL_CROP`` and ``EVAL_CLIP``. ``eval_depth_mask(name, depth)`` = the eval crop AND min < gt < max.
+``EVAL_CROP`` and ``EVAL_CLIP``. ``eval_settings(name)``: a benchmark's (min, max, crop, clip), the form every
+depth dataset gives (``DepthDataset.eval_settings``; ``custom_depth`` from its own options). ``settings_mask`` /
+``eval_depth_mask(name, depth)``: the clip first, then the eval crop AND min < gt < max.
   * NYUv2: Eigen crop rows 45:471, cols 41:601 of 480x640 (other sizes: the same fractions, e.g. demo data).
   * SUN RGB-D: gt and prediction clipped at 8 m first (so every gt > 0 counts, 8 m at most), then the Eigen
     crop at the same absolute indices [45:471, 41:601] whatever the frame size ('eigen_abs').
@@ -12,6 +14,9 @@ which the DINOv2 line of work evaluates with. One table each: ``DEPTH_RANGES`` (
     0.0359477-0.96405229, as BTS and the toolbox), not NYU's.
 """
 from __future__ import annotations
+
+from functools import partial
+from typing import Callable, Optional
 
 import torch
 
@@ -60,6 +65,26 @@ def crop_mask(kind: str | None, H: int, W: int) -> torch.Tensor:
     else:
         raise ValueError(f"unknown depth eval crop {kind!r} (eigen, eigen_abs, eigen_kitti, garg or None)")
     return m
+
+
+CropFn = Callable[[int, int], torch.Tensor]
+EvalSettings = tuple[float, float, Optional[CropFn], Optional[float]]  # min, max, crop(H, W) -> mask or None, clip
+
+
+def eval_settings(name: str) -> EvalSettings:
+    """(min_depth, max_depth, crop(H, W) -> bool mask or None, clip) of a benchmark (or its demo copy)."""
+    _, lo, hi, kind = depth_config(name)
+    return lo, hi, (None if kind is None else partial(crop_mask, kind)), depth_clip(name)
+
+
+def settings_mask(settings: EvalSettings, depth: torch.Tensor) -> torch.Tensor:
+    """Bool mask of the pixels that count under ``settings``: the clip first (a 12 m pixel counts, as 8 m), then
+    the crop AND min < gt < max."""
+    lo, hi, crop, clip = settings
+    if clip is not None:
+        depth = depth.clamp(max=clip)
+    inside = (depth > lo) & (depth < hi)
+    return inside if crop is None else inside & crop(*depth.shape[-2:]).to(depth.device)
 
 
 def eval_depth_mask(name: str, depth: torch.Tensor, crop: str | None | bool = True) -> torch.Tensor:
