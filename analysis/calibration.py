@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 
 from backbones.diffusion_dial import Mode, Rows, default_blocks, dialed_blocks, diffusion_dial
+from tokenmix.cli import error_exit
 from tokenmix.noise import Direction, NoiseBand, Verdict, bootstrap, combine, noise_band, verdict
 
 from .calibration_measures import EvalSettings, Evaluation, knn_evaluation, measures, n_resampled, seg_evaluation
@@ -317,5 +318,4 @@ if __name__ == "__main__":
     try:
         main()
     except (FileNotFoundError, ValueError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(error_exit(e, 2))

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 
 from datamodules.demo import is_demo
-from tokenmix.cli import BackboneFlags, Launch, eval_parent_parser, finish_eval_args
+from tokenmix.cli import BackboneFlags, Launch, error_exit, eval_parent_parser, finish_eval_args
 from tokenmix.launch import global_rank
 from tokenmix.precision import device_line
 from tokenmix.results import backbone_entry
@@ -170,5 +170,4 @@ if __name__ == "__main__":
     try:
         main()
     except (FileNotFoundError, ValueError, RuntimeError) as e:  # LaunchError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(error_exit(e, 2))

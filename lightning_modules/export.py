@@ -21,6 +21,7 @@ import torch
 
 from backbones.checkpoint import read_checkpoint
 from tokenmix import paths
+from tokenmix.cli import error_exit
 from tokenmix.io import CheckpointError, atomic_json_dump, atomic_write
 
 
@@ -55,8 +56,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         out = Path(a.out) if a.out else paths.RUNS / a.variant / "export" / f"{ckpt.stem}_{a.which}_backbone.pth"
         written = export(ckpt, out, a.which)
     except (CheckpointError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return error_exit(e, 2)
     print(f"wrote {written} (+ {written.name}.json) from {ckpt}")
     return 0
 

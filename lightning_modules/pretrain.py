@@ -35,6 +35,7 @@ from lightning_modules.cli import Launch, PretrainCLI
 from lightning_modules.dino_module import NonFiniteLossError
 from lightning_modules.objectives import objective_named
 from tokenmix import paths
+from tokenmix.cli import error_exit
 from tokenmix.io import CheckpointError
 from tokenmix.launch import DEFAULT_TIMEOUT_MIN, global_rank, install_stop_handlers
 
@@ -77,17 +78,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     except SystemExit as e:  # jsonargparse already printed the reason (unknown key, bad value, --help)
         return int(e.code or 0)
     except (ValueError, CheckpointError) as e:  # LaunchError and DatasetError are ValueErrors
-        return _fail(e)
+        return error_exit(e, 2)
     if cli.resume and cli.resume.finished:
         if global_rank() == 0:  # a requeued job, a study cell run again: train nothing, write nothing
             print(cli.resume.finished, flush=True)
         return 0
     return fit(cli, launch.objective.quiet)
-
-
-def _fail(e: Exception) -> int:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
 
 
 def fit(cli: PretrainCLI, quiet: tuple[str, ...] = ()) -> int:
@@ -102,8 +98,7 @@ def fit(cli: PretrainCLI, quiet: tuple[str, ...] = ()) -> int:
                 warnings.filterwarnings("ignore", message=pattern)
             cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=resume_path)
     except (NonFiniteLossError, CheckpointError, DatasetError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return error_exit(e, 1)
     return 0
 
 

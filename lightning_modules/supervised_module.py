@@ -29,6 +29,7 @@ from backbones.checkpoint import SUPERVISED, check_resume_config, runtime_record
 from lightning_modules.dino_module import NonFiniteLossError
 from lightning_modules.loop_state import epoch_end_form
 from tokenmix.results import clean
+from tokenmix.topk import TopK
 
 
 def lr_multiplier(where: float, warmup_frac: float = 0.01, warmup_factor: float = 0.1,
@@ -70,9 +71,7 @@ class SupervisedModule(pl.LightningModule):
         if zero_init_head:  # torchvision VisionTransformer initialises heads.head to zeros
             torch.nn.init.zeros_(self.backbone.head.weight)
             torch.nn.init.zeros_(self.backbone.head.bias)
-        top5 = min(5, num_classes)
-        self.val_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.val_top5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
+        self.val_topk = TopK(num_classes)
         self.train_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.random_init: dict[str, float] = {}  # val metrics before the first step (sanity pass)
         self.last_val: dict[str, float] = {}
@@ -132,14 +131,11 @@ class SupervisedModule(pl.LightningModule):
     def validation_step(self, batch, batch_idx: int) -> None:
         images, labels = batch
         logits = self.backbone(images)
-        self.val_top1.update(logits, labels)
-        self.val_top5.update(logits, labels)
+        self.val_topk.update(logits, labels)
 
     def on_validation_epoch_end(self) -> None:
         # compute() syncs the counts over ranks on every rank (a collective): never rank-0 only
-        top1, top5 = 100 * self.val_top1.compute().item(), 100 * self.val_top5.compute().item()
-        self.val_top1.reset()
-        self.val_top5.reset()
+        top1, top5 = self.val_topk.compute()
         if self.trainer.sanity_checking:
             if self.global_step == 0 and not self.random_init:  # the exact starting weights
                 self.random_init = {"val_top1": top1, "val_top5": top5}

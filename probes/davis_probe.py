@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from .davis import (PropagationConfig, first_labels, input_size, label_maps, mask_palette, prepare_frame,
                     propagate_video, write_indexed_png)
 from .davis_metrics import MEASURES, ObjectScore, sequence_scores, summarize
+from .features import sharded_predict
 
 
 @dataclass(frozen=True)
@@ -160,32 +161,14 @@ def davis_pass(trainer_factory, backbone, dataset, settings: DavisSettings,
                mask_dir: Optional[Path]) -> tuple[list[SequenceResult], float]:
     """Every sequence once, sharded over the processes of ``trainer_factory()`` (a Lightning Trainer; its
     ``predict`` starts the processes), gathered on every process: (results, seconds)."""
-    import lightning as L
-    from torch.utils.data import DataLoader
+    def step(m, index):
+        return run_sequence(m.net.eval(), dataset, int(index), settings, m.device, mask_dir)
 
-    from datamodules.datamodule_base import ShardSampler
-
-    class Pass(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.backbone, self.local, self.results = backbone, [], []
-
-        def predict_dataloader(self):
-            idx = list(range(len(dataset)))
-            sampler = ShardSampler(idx, self.global_rank, self.trainer.world_size, train=False)
-            return DataLoader(idx, batch_size=1, sampler=sampler, collate_fn=lambda b: b[0])
-
-        def predict_step(self, index, batch_idx):
-            self.backbone.eval()
-            self.local.append(run_sequence(self.backbone, dataset, int(index), settings, self.device, mask_dir))
-            return self.local[-1]  # return_predictions=False: Lightning keeps nothing
-
-        def on_predict_epoch_end(self):
-            self.results = gather_results(self.local, self.trainer.world_size)
-
-    module, t0 = Pass(), time.perf_counter()
-    trainer_factory().predict(module, return_predictions=False)
-    return module.results, time.perf_counter() - t0
+    t0 = time.perf_counter()
+    results = sharded_predict(trainer_factory(), backbone, list(range(len(dataset))), step,
+                              lambda m: gather_results(m.local, m.trainer.world_size), batch_size=1,
+                              collate_fn=lambda b: b[0])
+    return results, time.perf_counter() - t0
 
 
 def run_davis(backbone, root: Path, settings: DavisSettings, trainer_factory, log_dir: Optional[Path],

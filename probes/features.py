@@ -8,12 +8,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.nn as nn
 
-from datamodules.datamodule_base import shard_indices
+from torch.utils.data import DataLoader
+
+from datamodules.datamodule_base import ShardSampler, shard_indices
 from datamodules.transforms.views import normalize
 from tokenmix.precision import inference_autocast
 
@@ -167,3 +169,32 @@ def extraction_module(features: FrozenFeatures):
             self._local = []
 
     return FeatureExtraction()
+
+
+def sharded_predict(trainer, net: nn.Module, dataset, step: Callable, end: Callable, *, batch_size: int,
+                    collate_fn: Callable, num_workers: int = 0) -> Any:
+    """``trainer.predict`` over ``dataset`` sharded over the trainer's processes (``ShardSampler``): ``step(module,
+    batch)`` per batch, its outputs kept in ``module.local``; ``end(module)`` once on every process (collectives go
+    there), whose value is returned. ``net`` is ``module.net``: Lightning moves it to the device."""
+    import lightning as L
+
+    class Pass(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net, self.local, self.result = net, [], None
+
+        def predict_dataloader(self):
+            sampler = ShardSampler(dataset, self.global_rank, self.trainer.world_size, train=False)
+            return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn,
+                              num_workers=num_workers)
+
+        def predict_step(self, batch, batch_idx: int):
+            self.local.append(step(self, batch))
+            return self.local[-1]  # return_predictions=False: Lightning keeps nothing
+
+        def on_predict_epoch_end(self):
+            self.result = end(self)
+
+    module = Pass()
+    trainer.predict(module, return_predictions=False)
+    return module.result

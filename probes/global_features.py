@@ -8,7 +8,6 @@ process (``gather_shards``); without it, one loop in this process. Images of dif
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -16,9 +15,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.datamodule_base import ShardSampler
-
-from .features import gather_shards
+from .features import gather_shards, sharded_predict
 
 Describe = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 
@@ -30,18 +27,6 @@ class Extraction:
     trainer: Optional[Callable[[], Any]] = None
     device: str = "cpu"
     num_workers: int = 0
-
-
-def image_level_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The flags of the image-level tasks on ``make probe``'s parser (``probes.run`` turns them into
-    ``RetrievalConfig`` / ``CopyDetectionConfig``)."""
-    p.add_argument("--multiscale", action=argparse.BooleanOptionalAction, default=None,
-                   help="roxford5k / rparis6k: [CLS] averaged over scales 1, 1/sqrt2, 1/2 (default: rparis6k on)")
-    p.add_argument("--whole-queries", action="store_true", help="roxford5k / rparis6k: queries not cropped to "
-                   "their box, as DINO's script reads them (revisitop's protocol crops them)")
-    p.add_argument("--whitening-root", default="", help="copydays: whitening images (default <DATA_ROOT>/whitening)")
-    p.add_argument("--distractors-root", default="", help="copydays: distractors (default <DATA_ROOT>/distractors)")
-    return p
 
 
 def image_side(task: str, img_size: Optional[str]) -> int:
@@ -80,31 +65,14 @@ def extract_descriptors(backbone: nn.Module, dataset: Dataset, describe: Describ
     """(len(dataset), D) float32 on the CPU, in dataset order (every process gets all rows)."""
     if how.trainer is None:
         return _local_loop(backbone, dataset, describe, batch_size, how)
-    import lightning as L
 
-    class DescriptorPass(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.backbone, self.local, self.result = backbone, [], None
+    def step(m, batch):
+        return describe(m.net.eval(), batch["image"]).float()
 
-        def predict_dataloader(self):
-            sampler = ShardSampler(dataset, self.global_rank, self.trainer.world_size, train=False)
-            return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=stack_images,
-                              num_workers=how.num_workers)
+    def end(m):  # every process: all_gather is a collective; an empty shard (fewer images than processes) too
+        dim = m.local[0].shape[1] if m.local else step(m, {"image": dataset[0]["image"][None].to(m.device)}).shape[1]
+        rows = torch.cat(m.local) if m.local else torch.zeros(0, dim, device=m.device)
+        return gather_shards(rows, len(dataset), m.global_rank, m.trainer.world_size, m.all_gather).cpu()
 
-        def predict_step(self, batch, batch_idx):
-            self.local.append(describe(self.backbone.eval(), batch["image"]).float())
-            return self.local[-1]  # return_predictions=False: Lightning keeps nothing
-
-        def on_predict_epoch_end(self):  # every process: all_gather is a collective
-            dim = self.local[0].shape[1] if self.local else self._dim()
-            rows = torch.cat(self.local) if self.local else torch.zeros(0, dim, device=self.device)
-            self.result = gather_shards(rows, len(dataset), self.global_rank, self.trainer.world_size,
-                                        self.all_gather).cpu()
-
-        def _dim(self) -> int:  # an empty shard (fewer images than processes) still takes part in the gather
-            return describe(self.backbone.eval(), dataset[0]["image"][None].to(self.device)).shape[1]
-
-    module = DescriptorPass()
-    how.trainer().predict(module, return_predictions=False)
-    return module.result
+    return sharded_predict(how.trainer(), backbone, dataset, step, end, batch_size=batch_size,
+                           collate_fn=stack_images, num_workers=how.num_workers)

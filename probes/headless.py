@@ -13,14 +13,13 @@ import time
 from typing import Any, Callable
 
 import torch
-from torch.utils.data import DataLoader
 
-from datamodules.datamodule_base import ShardSampler, SplitView, dense_collate
+from datamodules.datamodule_base import SplitView, dense_collate
 from datamodules.transforms.dense import FixedResize
 from datamodules.transforms.views import IMAGENET_STD
 from tokenmix.launch import global_rank
 
-from .features import FeatureSpec, FrozenFeatures, gather_shards
+from .features import FeatureSpec, FrozenFeatures, gather_shards, sharded_predict
 from .matching import hungarian, matched_miou
 from .options import OverclusterOptions, RetrievalOptions
 from .trainer import make_trainer
@@ -28,31 +27,11 @@ from . import retrieval as hb
 
 
 def _predict_pass(ctx, features: FrozenFeatures, dataset, step: Callable, end: Callable):
-    """``trainer.predict`` over ``dataset`` sharded over the processes: ``step(module, batch)`` per batch,
-    ``end(module)`` once on every process (collectives go there). ``ctx``: ``probes.kinds.ProbeContext``."""
-    import lightning as L
-
-    class Pass(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.features, self.local, self.result = features, [], None
-
-        def predict_dataloader(self):
-            sampler = ShardSampler(dataset, self.global_rank, self.trainer.world_size, train=False)
-            return DataLoader(dataset, batch_size=ctx.dm.val_batch_size, sampler=sampler, collate_fn=dense_collate,
-                              num_workers=ctx.dm.num_workers)
-
-        def predict_step(self, batch, batch_idx):
-            self.local.append(step(self, batch))
-            return self.local[-1]  # what the step computed (return_predictions=False: Lightning keeps nothing)
-
-        def on_predict_epoch_end(self):
-            self.result = end(self)
-
-    module = Pass()
-    make_trainer(ctx.launch, ctx.progress, logger=False, enable_checkpointing=False).predict(
-        module, return_predictions=False)
-    return module.result
+    """``sharded_predict`` on the probes' Trainer and the validation loader's settings (``ctx``:
+    ``probes.kinds.ProbeContext``); ``step`` reads the features as ``module.net``."""
+    return sharded_predict(make_trainer(ctx.launch, ctx.progress, logger=False, enable_checkpointing=False),
+                           features, dataset, step, end, batch_size=ctx.dm.val_batch_size, collate_fn=dense_collate,
+                           num_workers=ctx.dm.num_workers)
 
 
 def _gather(module, local: torch.Tensor, n: int) -> torch.Tensor:
@@ -93,7 +72,7 @@ def build_memory(ctx, a: RetrievalOptions, features: FrozenFeatures, n_keep: int
                 v, mk = hb.hummingbird_view(img, mask, size, g)
                 gens.append(g), views.append(v), masks.append(mk)
         views, masks = hb.protocol_inputs(torch.stack(views), torch.stack(masks), a.std_typo, ade)
-        fk, lk = hb.memory_rows(m.features(views), masks, gens, n_keep, ctx.patch_size, C)
+        fk, lk = hb.memory_rows(m.net(views), masks, gens, n_keep, ctx.patch_size, C)
         E = a.aug_epochs
         return fk.reshape(-1, E, *fk.shape[1:]), lk.reshape(-1, E, *lk.shape[1:])
 
@@ -123,7 +102,7 @@ def run_retrieval(ctx, a: RetrievalOptions, spec: FeatureSpec, logger) -> dict[s
 
     def step(m, batch):
         images, masks = hb.protocol_inputs(batch["image"], batch["mask"], a.std_typo, ade)
-        f = m.features(images)
+        f = m.net(images)
         return torch.stack([hb.confusion_of(f, masks, mf, my, C, a.k, a.temperature, ignore)
                             for mf, my in banks.values()])
 
@@ -159,7 +138,7 @@ def run_overcluster(ctx, a: OverclusterOptions, spec: FeatureSpec, logger) -> di
     h, w = (s // ctx.patch_size for s in ctx.dm.img_size)
 
     def step(m, batch):
-        return m.features(batch["image"]), torch.as_tensor(batch["mask"]).to(m.device)
+        return m.net(batch["image"]), torch.as_tensor(batch["mask"]).to(m.device)
 
     def end(m):
         if m.local:

@@ -32,7 +32,7 @@ from . import image_retrieval as ir
 from .davis_probe import DavisSettings, run_davis_kind
 from .features import FeatureSpec, FrozenFeatures, extraction_module
 from .headless import run_overcluster, run_retrieval
-from .options import (DepthHead, DepthOptions, Head, KindOptions, KnnOptions, LinearOptions, OverclusterOptions,
+from .options import (DepthHead, DepthOptions, KindOptions, KnnOptions, LinearOptions, OverclusterOptions,
                       RetrievalOptions, SegOptions, Solver, Training)
 from .tasks import Kind, TaskSpec
 from .trainer import make_trainer
@@ -172,7 +172,7 @@ def cls_spec(options: KindOptions, depth: int, blocks, n_last: int = 1) -> Featu
 
 def dense_spec(options: "SegOptions | DepthOptions", depth: int, blocks, cls_default: bool = False) -> FeatureSpec:
     with_cls = options.with_cls if options.with_cls is not None else cls_default
-    n_last = 4 if options.head == Head.LINEAR4 else 1
+    n_last = options.head.blocks
     return FeatureSpec(kind="dense", n_last_blocks=min(n_last, depth), blocks=blocks, with_cls=with_cls)
 
 

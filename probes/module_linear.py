@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torchmetrics.classification import MulticlassAccuracy
+from tokenmix.topk import TopK
 
 from .heads import LinearClassifier
 from .module_base import ProbeModule
@@ -22,8 +22,7 @@ class LinearClassificationProbe(ProbeModule):
         self.head = LinearClassifier(features.out_dim, num_classes)
         self.best_top1 = float("-inf")
         # torchmetrics: counts summed over ranks at compute() (every validation sample is on exactly one rank)
-        self.top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.top5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro")
+        self.topk = TopK(num_classes)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         feats = self.get_features(batch, "train")
@@ -34,13 +33,10 @@ class LinearClassificationProbe(ProbeModule):
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         logits = self.head(self.get_features(batch, "val"))
         y = batch["label"].long().to(logits.device)
-        self.top1.update(logits, y)
-        self.top5.update(logits, y)
+        self.topk.update(logits, y)
 
     def on_validation_epoch_end(self) -> None:
-        top1, top5 = 100.0 * self.top1.compute().item(), 100.0 * self.top5.compute().item()
-        self.top1.reset()
-        self.top5.reset()
+        top1, top5 = self.topk.compute()
         self.best_top1 = max(self.best_top1, top1)
         self.log("val/top1", top1, prog_bar=True)
         self.log("val/top5", top5)

@@ -6,7 +6,7 @@ built once from the flags by ``probes.run`` (``make_config``) and handed to that
     >>> SegOptions(Training(None, None, cache=True, cache_fp16=False), Head("linear4"), None, Solver.SGD, 1e-2).head
     <Head.LINEAR4: 'linear4'>
 
-A new option: a field here, its flag in ``probes.run.build_parser`` and one keyword in ``probes.run``'s builder of
+A new option: a field here, its flag in ``probes.flags.build_parser`` and one keyword in ``probes.run``'s builder of
 that kind (``OPTIONS``).
 """
 from __future__ import annotations
@@ -22,6 +22,11 @@ class Head(str, Enum):
     """--head: the dense heads read the last block (linear) or the last 4 blocks (linear4)."""
     LINEAR = "linear"
     LINEAR4 = "linear4"
+
+    @property
+    def blocks(self) -> int:
+        """How many of the last blocks the head reads."""
+        return 4 if self is Head.LINEAR4 else 1
 
 
 class DepthHead(str, Enum):
@@ -104,7 +109,9 @@ class OverclusterOptions:
     seeds: int  # --cluster-seeds: k-means runs with seeds 0 .. seeds - 1, averaged (the reference's 5)
 
 
+from .copy_detection import CopyDetectionConfig  # noqa: E402  the global-feature evaluations keep theirs beside
 from .davis_probe import DavisSettings  # noqa: E402  DAVIS's options (its propagation settings: probes/davis.py)
+from .image_retrieval import RetrievalConfig  # noqa: E402  their scoring
 
 KindOptions = Union[KnnOptions, LinearOptions, SegOptions, DepthOptions, RetrievalOptions, OverclusterOptions,
-                    DavisSettings]
+                    DavisSettings, RetrievalConfig, CopyDetectionConfig]

@@ -22,88 +22,25 @@ from typing import Any, Callable, Optional
 
 from datamodules.demo import is_demo
 from tokenmix import paths
-from tokenmix.cli import BackboneFlags, Launch, eval_parent_parser, finish_eval_args
+from tokenmix.cli import BackboneFlags, Launch, finish_eval_args
 from tokenmix.io import CheckpointError
-from tokenmix.knn import DEFAULT_KS
 from tokenmix.launch import LaunchError, count_devices, global_rank, install_stop_handlers, on_gpu
 from tokenmix.precision import device_line
 from tokenmix.results import backbone_entry, write_results
 
 from .backbone import checkpoint_path, resolve_backbone
 from .copy_detection import copy_detection_config
+from .flags import parse_flags
 from .data import DATAMODULES, probe_datamodule, probe_dataset, voc_trainaug
 from .davis_probe import DavisSettings, PropagationConfig
-from .global_features import image_level_flags
 from .headless import memory_sizes
 from .image_retrieval import retrieval_config
 from .kinds import KINDS, ProbeContext, summary
 from .options import (BinNorm, DepthHead, DepthOptions, Head, KindOptions, KnnOptions, LinearOptions,
                       OverclusterOptions, RetrievalOptions, SegOptions, Solver, Training)
-from .retrieval import K_NEIGHBOURS, TEMPERATURE, Protocol, resolve_settings
-from .tasks import ALT_KINDS, TASKS, Kind, TaskSpec, get_task
+from .retrieval import Protocol, resolve_settings
+from .tasks import ALT_KINDS, Kind, TaskSpec, get_task
 from .trainer import lightning_console
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m probes.run", description=__doc__, parents=[eval_parent_parser()],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
-    p.add_argument("--kind", default="", help="'' = the task's own probe; segmentation tasks also take 'retrieval' "
-                   "(Hummingbird dense retrieval) and 'overcluster' (k-means + matching), neither trains a head")
-    p.add_argument("--config", default=None, help="YAML of defaults (configs/probe/*.yaml): top-level flags for "
-                   "every task, 'tasks: {<task>: {...}}' per task; command-line flags win")
-    p.add_argument("--layer", default="", help="'' = the protocol's blocks, k = block k, 'all' = every block, "
-                   "'0,3' = a list")
-    p.add_argument("--max-epochs", type=int, default=None, help="default: imagenet 100, dense probes 40")
-    p.add_argument("--batch-size", type=int, default=None, help="default: 256 imagenet, 16 dense, 64 k-NN")
-    p.add_argument("--lr", type=float, default=None, help="default: the protocol's")
-    p.add_argument("--img-size", default=None, help="probe input size 'S' or 'H,W' (default: per task, see docs)")
-    p.add_argument("--patch-size", type=int, default=None,
-                   help="patch size of --ckpt pixels (default: demo 8, else 16)")
-    p.add_argument("--head", choices=[h.value for h in Head], default="linear",
-                   help="segmentation: last block (linear) or last 4 blocks (linear4)")
-    p.add_argument("--cls", dest="with_cls", action="store_true", default=None,
-                   help="concatenate [CLS] to the patch tokens (default: on for depth, off for segmentation)")
-    p.add_argument("--no-cls", dest="with_cls", action="store_false")
-    p.add_argument("--depth-head", choices=[h.value for h in DepthHead], default="bins")
-    p.add_argument("--bin-norm", choices=[n.value for n in BinNorm], default="linear",
-                   help="bins -> probabilities: DINOv2's 'linear' (relu + 0.1, normalise) or softmax")
-    p.add_argument("--solver", choices=[v.value for v in Solver], default="sgd",
-                   help="segmentation: the trained BN + linear head (sgd, the protocol) or the closed-form ridge probe "
-                   "of the pretraining's DenseProbeCheck (probes/ridge.py)")
-    p.add_argument("--ridge-lambda", type=float, default=1e-2, help="--solver ridge: penalty (x number of patches)")
-    p.add_argument("--no-cache", action="store_true", help="recompute frozen features every epoch")
-    p.add_argument("--cache-fp16", action="store_true", help="store cached features as float16 (half the memory)")
-    p.add_argument("--no-aug", action="store_true", help="imagenet: no RandomResizedCrop/flip (features cached)")
-    p.add_argument("--train-split", default="train")
-    p.add_argument("--val-split", default=None, help="default: val (depth datasets: test)")
-    p.add_argument("--max-samples", type=int, default=None, help="use the first N samples of each split")
-    p.add_argument("--knn-k", default=",".join(map(str, DEFAULT_KS)), help="k-NN: comma-separated k values")
-    p.add_argument("--knn-t", type=float, default=0.07, help="k-NN temperature")
-    p.add_argument("--protocol", choices=[v.value for v in Protocol], default=Protocol.PROJECT.value, help="retrieval:"
-                   " 'hummingbird' = the reference's published setting (docs/probes.md); explicit flags win")
-    p.add_argument("--hb-memory", default=None, help="retrieval: memory sizes in patches (default 1024 x 10^2, "
-                   "10^3, 10^4; each capped at every patch of every view, with a warning)")
-    p.add_argument("--hb-k", type=int, default=K_NEIGHBOURS, help="retrieval: nearest neighbours per patch")
-    p.add_argument("--hb-temperature", type=float, default=TEMPERATURE, help="retrieval: attention temperature")
-    p.add_argument("--hb-aug-epochs", type=int, default=None, help="retrieval: views of each training image (1 or 2)")
-    p.add_argument("--hb-std-typo", action=argparse.BooleanOptionalAction, default=None,
-                   help="retrieval: normalise with the reference's std (0.229, 0.224, 0.255) (default: hummingbird)")
-    p.add_argument("--cluster-k", default="1x,2x,5x,10x",
-                   help="overcluster: K values, 'Nx' = N x the number of classes (e.g. '1x,100,300')")
-    p.add_argument("--cluster-iters", type=int, default=100, help="overcluster: faiss k-means iterations (niter)")
-    p.add_argument("--cluster-seeds", type=int, default=5,
-                   help="overcluster: k-means runs (seeds 0..N-1), reported as mean and std (Leopart / NeCo: 5)")
-    p.add_argument("--davis", default="", help="davis: 'key=value,...' of probes.davis.PropagationConfig")
-    p.add_argument("--num-workers", type=int, default=0)
-    p.add_argument("--accelerator", default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--runs-dir", default=None, help="default: tokenmix.paths.RUNS (runs/)")
-    p.add_argument("--quick", action="store_true", help="smoke test: 2 epochs, at most 16 samples per split")
-    p.add_argument("--progress", action="store_true", help="show the Lightning progress bar")
-    p.add_argument("--print-config", "--print_config", action="store_true",
-                   help="print the resolved settings (config file + flags) as YAML and exit")
-    return image_level_flags(p)  # roxford5k / rparis6k / copydays (probes/global_features.py)
 
 
 def parse_layers(layer: str, depth: int) -> list[Optional[list[int]]]:
@@ -121,27 +58,6 @@ def parse_layers(layer: str, depth: int) -> list[Optional[list[int]]]:
     if bad:
         raise ValueError(f"--layer {layer!r}: block {bad} out of range for a {depth}-block backbone (0..{depth - 1})")
     return [[b % depth] for b in blocks]
-
-
-def parse_flags(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """The command line over the --config file's defaults (top level, then its ``tasks: {<task>: ...}``)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.config:
-        import yaml
-        path = Path(args.config)
-        if not path.is_file():
-            raise FileNotFoundError(f"--config {path}: no such file (see configs/probe/)")
-        cfg = yaml.safe_load(path.read_text()) or {}
-        per_task = (cfg.pop("tasks", None) or {}).get(args.task.strip(), {}) or {}
-        defaults = {k.replace("-", "_"): v for k, v in {**cfg, **per_task}.items()}
-        known = {a.dest for a in parser._actions}
-        unknown = sorted(set(defaults) - known)
-        if unknown:
-            raise ValueError(f"--config {path}: unknown keys {unknown}; valid: {sorted(known - {'help'})}")
-        parser.set_defaults(**defaults)
-        args = parser.parse_args(argv)  # command-line flags override the file
-    return args
 
 
 def resolve_kind(task: TaskSpec, kind: str) -> Optional[Kind]:

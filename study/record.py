@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from tokenmix.cli import error_exit
+
 from .cells import read_plan, record
 
 
@@ -33,8 +35,7 @@ def main(argv=None) -> int:
     try:
         rec = record(cell)
     except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return error_exit(e, 1)
     print(f"[study] recorded {cell.id}: {rec.get('results') or rec['checkpoint']}")
     return 0
 

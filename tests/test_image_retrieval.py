@@ -15,6 +15,14 @@ from datamodules.errors import DatasetError, MissingDataError
 from helpers.retrieval_fixtures import vit_pair, write_revisitop
 from official import revisitop as R
 from probes.global_features import Extraction, extract_descriptors
+
+
+@pytest.fixture(autouse=True)
+def _pil_truncated_flag(monkeypatch):
+    """revisitop's and DINO's loaders (official/revisitop.py) turn on PIL's process-wide LOAD_TRUNCATED_IMAGES;
+    put it back after each test, so that later tests in this worker still see truncated files refused."""
+    from PIL import ImageFile
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", ImageFile.LOAD_TRUNCATED_IMAGES)
 from probes.image_retrieval import (Protocol, RetrievalConfig, protocol_lists, rank_database,
                                     retrieval_descriptor, revisitop_map, run_image_retrieval)
 

@@ -16,7 +16,7 @@ from PIL import Image
 pytestmark = pytest.mark.timeout(120)
 
 REPO = Path(__file__).resolve().parents[1]
-CLI_FILES = {"probes/run.py", "analysis/run.py", "study/__main__.py"}
+CLI_FILES = {"probes/run.py", "probes/flags.py", "analysis/run.py", "study/__main__.py"}
 
 
 def _write_imagefolder(root: Path) -> Path:

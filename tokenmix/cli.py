@@ -24,12 +24,6 @@ DEMO_ARCH = "vit_demo_patch8"
 REAL_ARCH = "vit_small_patch16"
 
 
-class Which(str, Enum):
-    """The network of a DINO checkpoint an evaluation reads."""
-    TEACHER = "teacher"
-    STUDENT = "student"
-
-
 @dataclass(frozen=True)
 class BackboneFlags:
     """Which backbone the flags name: --variant, --ckpt ('' / file / random / pixels), --which, --arch."""
@@ -37,6 +31,12 @@ class BackboneFlags:
     ckpt: str
     which: Which
     arch: str
+
+
+class Which(str, Enum):
+    """The network of a DINO checkpoint an evaluation reads."""
+    TEACHER = "teacher"
+    STUDENT = "student"
 
 
 @dataclass(frozen=True)
@@ -100,3 +100,10 @@ def finish_eval_args(args: argparse.Namespace, demo: bool, accelerator: str) -> 
                              which=Which(args.which), arch=args.arch or (DEMO_ARCH if demo else REAL_ARCH))
     return EvalSettings(backbone, data, args.data_root or "",
                         Launch(accelerator, args.devices, int(num_nodes), float(args.dist_timeout)))
+
+
+def error_exit(e: BaseException, code: int) -> int:
+    """The CLIs' one error line: ``error: <reason>`` on stderr; returns ``code`` (the process's exit status)."""
+    import sys
+    print(f"error: {e}", file=sys.stderr)
+    return code
