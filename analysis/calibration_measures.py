@@ -18,7 +18,6 @@ One evaluation of a backbone (with the diffusion dial set by the caller) is thre
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -32,7 +31,7 @@ from probes.features import normalize_images
 from probes.matching import confusion, hungarian, matched_miou
 from probes.overcluster import ClusterSettings, overcluster
 from probes.ridge import RidgeSegProbe
-from probes.seg_metric import SegmentationMetrics
+from probes.seg_metric import confmat_scores
 from tokenmix.attention_stats import attention_stats
 from tokenmix.diffusion import boxes_patch_mask, cls_patch_cosine, effective_rank_from_gram, mask_boxes
 from tokenmix.knn import knn_classify
@@ -194,12 +193,8 @@ def knn_evaluation(model, dm, s: EvalSettings) -> torch.Tensor:
 # --------------------------------------------------------------------------- the measures of an evaluation
 
 def _ridge_miou(cm: torch.Tensor) -> float:
-    """The ridge probe's mIoU (``SegmentationMetrics``: mmseg's, classes with an empty union left out) of ``cm``."""
-    m = SegmentationMetrics(cm.shape[0])
-    m.confmat = cm.to(m.confmat.dtype)
-    with warnings.catch_warnings():  # compute() on a matrix set directly, not through update()
-        warnings.simplefilter("ignore")
-        return 100 * m.compute()["mIoU"].item()
+    """The ridge probe's mIoU (mmseg's, classes with an empty union left out) of the counts ``cm``."""
+    return 100 * confmat_scores(cm.long())["mIoU"].item()
 
 
 def _matched(cm: torch.Tensor) -> float:

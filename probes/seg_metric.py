@@ -43,17 +43,22 @@ class SegmentationMetrics(MulticlassConfusionMatrix):
             self.num_classes, self.num_classes).to(self.confmat.dtype)
 
     def compute(self) -> dict[str, torch.Tensor]:
-        cm = self.confmat.double()  # rows: ground truth, columns: prediction
-        tp = cm.diag()
-        union = cm.sum(0) + cm.sum(1) - tp
-        gt_area = cm.sum(1)
-        iou = torch.where(union > 0, tp / union.clamp(min=1), torch.full_like(tp, float("nan")))
-        acc = torch.where(gt_area > 0, tp / gt_area.clamp(min=1), torch.full_like(tp, float("nan")))
-        # torchmetrics' macro Jaccard skips union-0 classes: the same mean as mmseg's nanmean
-        miou = _jaccard_index_reduce(self.confmat, average="macro")
-        return {
-            "mIoU": miou.double(),
-            "IoU": iou,
-            "aAcc": tp.sum() / cm.sum().clamp(min=1),
-            "mAcc": torch.nanmean(acc),
-        }
+        return confmat_scores(self.confmat)
+
+
+def confmat_scores(confmat: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``SegmentationMetrics.compute`` of a (C, C) count matrix (rows: ground truth, columns: prediction)."""
+    cm = confmat.double()
+    tp = cm.diag()
+    union = cm.sum(0) + cm.sum(1) - tp
+    gt_area = cm.sum(1)
+    iou = torch.where(union > 0, tp / union.clamp(min=1), torch.full_like(tp, float("nan")))
+    acc = torch.where(gt_area > 0, tp / gt_area.clamp(min=1), torch.full_like(tp, float("nan")))
+    # torchmetrics' macro Jaccard skips union-0 classes: the same mean as mmseg's nanmean
+    miou = _jaccard_index_reduce(confmat, average="macro")
+    return {
+        "mIoU": miou.double(),
+        "IoU": iou,
+        "aAcc": tp.sum() / cm.sum().clamp(min=1),
+        "mAcc": torch.nanmean(acc),
+    }

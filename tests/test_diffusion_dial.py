@@ -120,3 +120,25 @@ def test_timm_dinov2_registers_architecture_takes_the_dial():
             p = m.attention_maps(x, blocks=idx)
     T = 1 + 4 + 4  # [CLS], 4 registers, 2x2 patches
     assert idx == [1] and m.num_reg_tokens == 4 and torch.allclose(p[0], torch.full_like(p[0], 1 / T))
+
+
+def test_a_dinov2_hub_file_takes_the_dial_and_keeps_dinov2s_features_at_a_zero(tmp_path):
+    """A DINOv2 ViT-S/14 + 4 registers file as DINOv2's own module writes it (official/dinov2.py, trained-scale
+    random weights), through CKPT= as the probes load it: at a = 0 inside the dial the features are DINOv2's own
+    ``x_norm_*`` (to 1e-5); at a = 1 the dialed block's attention rows are uniform over [CLS], registers, patches."""
+    from probes.backbone import resolve_backbone
+    from test_foreign_dinov2 import _source
+    src = _source("dinov2_vits14_reg")
+    torch.save(src.state_dict(), tmp_path / "dinov2_vits14_reg4.pth")
+    m = resolve_backbone(str(tmp_path / "dinov2_vits14_reg4.pth"), "", "vit_demo_patch8", 16).model.eval()
+    x = torch.randn(1, 3, 56, 84, generator=torch.Generator().manual_seed(0))  # 4x6 patches, not the native grid
+    with torch.no_grad():
+        ref = src.forward_features(x)
+        with diffusion_dial(m, 0.0):
+            out = m.extract(x)[-1]
+        with diffusion_dial(m, 1.0) as idx:
+            p = m.attention_maps(x, blocks=idx)
+    torch.testing.assert_close(out["cls"], ref["x_norm_clstoken"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(out["patch"], ref["x_norm_patchtokens"], atol=1e-5, rtol=0)
+    T = 1 + 4 + 4 * 6
+    assert idx == [1] and torch.allclose(p[0], torch.full_like(p[0], 1 / T))
