@@ -12,11 +12,11 @@ from typing import Sequence
 
 import torch
 
-from tokenmix.diffusion import patch_scores, pib_hits, top_patch  # the pure scores live one layer down
+from tokenmix.diffusion import patch_scores, pib_hits, score_contrast, top_patch  # the pure scores live one layer down
 
 from .boxes import box_area
 
-__all__ = ["patch_scores", "top_patch", "pib_hits", "layerwise_pib", "single_small_object", "SMALL_BOX_FRACTION"]
+__all__ = ["patch_scores", "top_patch", "pib_hits", "score_contrast", "layerwise_pib", "single_small_object", "SMALL_BOX_FRACTION"]
 
 SMALL_BOX_FRACTION = 0.25  # LAST-ViT ImageNet subset: one object whose box covers < 25% of the image
 

@@ -15,7 +15,7 @@ from .data import Sample, crop_boxes
 from .lost import extract_corloc, finish_corloc
 from .norms import norm_distribution, patch_norms
 from tokenmix.pca import pca_fit, pca_rgb
-from .patch_score import patch_scores, pib_hits, single_small_object
+from .patch_score import patch_scores, pib_hits, score_contrast, single_small_object
 from .shards import Options, batches, pct, run_local, vis_lists
 
 __all__ = ["Options", "run_pib", "run_corloc"]
@@ -71,16 +71,18 @@ def extract_pib(model, samples: Iterable[Sample], opts: Options) -> Iterator[dic
         outs = _extract_all(model, x, votes=is_lastvit)
         scores = [patch_scores(o["cls_token"], o["patch"]) for o in outs]
         hits = torch.stack([pib_hits(sc, masks) for sc in scores]).cpu()  # (L, b)
+        contrast, cos = score_contrast(scores[-1], masks).cpu(), scores[-1].mean(1).cpu()
         agg = patch_scores(outs[-1]["cls"], outs[-1]["patch"]) if is_lastvit else None
         for j, s in enumerate(buf):
             rec = {"index": s.index, "hits": hits[:, j].clone(), "small": small[j], "chance": chance[j],
-                   "outside": not bool(masks[j].any())}
+                   "outside": not bool(masks[j].any()), "contrast": float(contrast[j]), "cos": float(cos[j])}
             vis = {"img": x[j].cpu().clone(), "map": scores[-1][j].reshape(grid).cpu().clone(),
                    "boxes": crop_boxes(s, rcs[j]).tolist(), "top": int(scores[-1][j].argmax()),
                    "cap": "hit" if bool(hits[-1, j]) else "miss"}
             if is_lastvit:
                 v, m = outs[-1]["votes"][j].float(), masks[j]
                 rec.update(agg_hit=bool(pib_hits(agg[j:j + 1], m[None])[0]),
+                           agg_contrast=float(score_contrast(agg[j:j + 1], m[None])[0]),
                            votes_in_box=((v * m).sum() / v.sum()).cpu().clone(), vote_top_in_box=bool(m[v.argmax()]))
                 vis.update(agg_map=agg[j].reshape(grid).cpu().clone(), agg_top=int(agg[j].argmax()),
                            votes=v.reshape(grid).cpu().clone())
@@ -97,12 +99,23 @@ def finish_pib(model, records: list[dict], run, opts: Options) -> dict:
     agg = torch.tensor([r["agg_hit"] for r in records]) if is_lastvit else None
     res = _pib_results(torch.stack([r["hits"] for r in records], 1), agg, torch.tensor([r["small"] for r in records]),
                        [r["chance"] for r in records], sum(r["outside"] for r in records), opts)
+    res.update(_score_summary(records, is_lastvit))
     if is_lastvit:
         res["votes"] = {"share_of_votes_in_box": round(100 * torch.stack([r["votes_in_box"] for r in records])
                                                        .mean().item(), 3),
                         "most_voted_patch_in_box": pct(torch.tensor([r["vote_top_in_box"] for r in records]))}
     _pib_figures(run, res, vis_lists(records, opts.num_vis), is_lastvit)
     return res
+
+
+def _score_summary(records: list[dict], is_lastvit: bool) -> dict:
+    """Continuous companions of PiB over the same images: the Patch Score contrast (box patches minus the rest;
+    images whose box covers every patch or none are left out) and the mean cos(patch, [CLS]), last block."""
+    def mean(key):
+        v = torch.tensor([r[key] for r in records], dtype=torch.float64)
+        return round(v.nanmean().item(), 6) if not v.isnan().all() else None
+    return {"patch_score_contrast": mean("contrast"), "cls_patch_cos": mean("cos"),
+            "patch_score_contrast_aggregated": mean("agg_contrast") if is_lastvit else None}
 
 
 def _pib_results(H: torch.Tensor, agg: torch.Tensor | None, small: torch.Tensor, chance, outside: int,

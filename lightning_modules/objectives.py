@@ -85,7 +85,7 @@ def check_supervised(cli: LightningCLI) -> None:
 
 OBJECTIVES = {
     # the frozen EMA teacher is in eval mode on purpose (no drop-path, as the official teacher)
-    "dino": Objective("dino", DINOPretrainModule, DINOPretrainDataModule, DINO, ("paper", "demo", "tiny"),
+    "dino": Objective("dino", DINOPretrainModule, DINOPretrainDataModule, DINO, ("paper", "demo", "demo_long", "tiny"),
                       ("demo", "paper"), (("trainer.max_epochs", "model.epochs"),
                                           ("data.n_local_crops", "model.n_local_crops")),
                       (r"Found \d+ module\(s\) in eval mode",), check_dino),

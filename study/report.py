@@ -32,7 +32,7 @@ from .plan import Spec
 from .points import FINAL, progress
 from .results import read_result
 from .stats import Difference, Summary, compare, summarize
-from .tasks import headless_columns
+from .tasks import headless_columns, training_columns, training_values
 
 INSIDE = "≈"
 
@@ -78,6 +78,9 @@ def collect(spec: Spec, cells: list[Cell], done: dict, baseline: str = "softmax"
             t.cost.setdefault(c.task or "pretrain", []).append((rec.get("seconds"), rec.get("cpu_seconds")))
         if c.kind == "pretrain":
             final_steps += [rec["global_step"]] if rec and rec.get("global_step") else []
+            for col, v, src in training_values(rec):  # the run's own summary.json
+                t.columns += [] if col.key in {x.key for x in t.columns} else [col]
+                t.values.setdefault((c.variant, col.key), []).append((c.seed, v, src))
             continue
         data = spec.eval_data(c.task)[0]
         for col in columns_for(c.task, c.kind, data):
@@ -99,7 +102,7 @@ def collect(spec: Spec, cells: list[Cell], done: dict, baseline: str = "softmax"
                 t.values.setdefault((c.variant, col.key), []).append((c.seed, v, str(res.path)))
     final_step = sorted(final_steps)[len(final_steps) // 2] if final_steps else None
     t.progress = {p: progress(p, spec.max_epochs or 1, final_step) for p in t.points}
-    order = {c.key: i for i, c in enumerate(COLUMNS + headless_columns() + EXTRA_COLUMNS)}
+    order = {c.key: i for i, c in enumerate(training_columns() + COLUMNS + headless_columns() + EXTRA_COLUMNS)}
     # a column whose task finished without giving its metric (e.g. an older results.json schema) is dropped;
     # one whose task has not finished yet stays, as 'not run'
     keep = [c for c in t.columns if any(k == c.key for _, k in t.values) or c.task not in finished]

@@ -1,14 +1,18 @@
 """The study's tasks besides the CLIs' own (``probes.tasks.TASKS``, ``analysis.registry.TASKS``): a head-free probe
 kind on a segmentation task, named ``<task>_<kind>`` as the probe CLI names its run folder and results.json
 (``probes.run.run_name``): ``voc_retrieval`` runs ``probes.run --task voc --kind retrieval`` (Hummingbird dense
-retrieval), ``voc_overcluster`` ``--kind overcluster``; and their report columns.
+retrieval), ``voc_overcluster`` ``--kind overcluster``; and their report columns. Also the columns every study
+reads off its pretraining runs' own summary.json (the run's val top-1, its last k-NN and dense checks).
 
     >>> probe_flags("voc_retrieval"), probe_flags("voc")
     (['--task', 'voc', '--kind', 'retrieval'], ['--task', 'voc'])
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
+
+from .results import read_result
 
 
 def headless_tasks() -> dict[str, tuple[str, str]]:
@@ -48,3 +52,28 @@ def headless_columns() -> list:
     seg = {c.task: c.title for c in COLUMNS if c.key.endswith("_miou")}  # "VOC mIoU", "own seg mIoU", ...
     return [Column(f"{name}_miou", seg[base].replace("mIoU", how[kind][0]), "probe", name, how[kind][1])
             for name, (base, kind) in headless_tasks().items()]
+
+
+def training_columns() -> list:
+    """Columns read from each pretraining run's summary.json at the end of its schedule (no evaluation cell):
+    what the run's own callbacks measured (SupervisedSummary, KNNCheck, DenseProbeCheck). A column appears only for
+    runs whose summary has it."""
+    from analysis.report import Column
+    m = lambda key: (lambda metrics, r: metrics.get(key) if isinstance(metrics.get(key), (int, float)) else None)
+    spec = [("train_val_top1", "run's val top-1 (supervised)", "val_top1", 2),
+            ("train_knn_top1", "run's k-NN top-1 (KNNCheck, end)", "knn_top1", 2),
+            ("train_dense_miou", "dense check ridge mIoU (end)", "dense_mIoU", 2),
+            ("train_dense_retrieval", "dense check retrieval mIoU (end)", "dense_retrieval_mIoU", 2),
+            ("train_effective_rank", "dense check effective rank (end)", "diffusion_effective_rank", 2),
+            ("train_cls_patch_cos", "dense check cos(patch, [CLS]) (end)", "diffusion_cls_patch_cosine", 4)]
+    return [Column(key, title, "pretrain", "pretrain", m(name), digits=d) for key, title, name, d in spec]
+
+
+def training_values(rec: Optional[dict]) -> list:
+    """(column, value, summary.json path) of a finished pretraining cell's marker, for every training column its
+    run's summary.json (beside checkpoints/) has."""
+    res = read_result(Path(rec["run_dir"]) / "summary.json") if rec and rec.get("run_dir") else None
+    if res is None:
+        return []
+    picked = [(col, col.pick(res.metrics, res.payload)) for col in training_columns()]
+    return [(col, float(v), str(res.path)) for col, v in picked if v is not None]

@@ -163,7 +163,7 @@ def test_lastvit_pib_on_both_tokens():
     run = FakeRun()
     res = run_pib(model, samples, run, opts)
     assert {"patch_score_maps", "patch_score_maps_aggregated", "vote_maps", "pib_per_layer"} <= set(run.figs)
-    cls_hits, agg_hits = [], []
+    cls_hits, agg_hits, contrast, agg_contrast, cos = [], [], [], [], []
     with torch.no_grad():
         for s in samples:
             x, rc = eval_crop(s.image, 36, 32)
@@ -173,9 +173,18 @@ def test_lastvit_pib_on_both_tokens():
             m = boxes_to_patch_mask(map_boxes(s.boxes, rc), (4, 4), 8)
             cls_hits.append(bool(m[int(patch_scores(y[:, 0], patch).argmax())]))
             agg_hits.append(bool(m[int(patch_scores(agg, patch).argmax())]))
+            sc, sa = patch_scores(y[:, 0], patch)[0], patch_scores(agg, patch)[0]
+            contrast.append((sc[m].mean() - sc[~m].mean()).item())
+            agg_contrast.append((sa[m].mean() - sa[~m].mean()).item())
+            cos.append(sc.mean().item())
     assert res["pib_cls"] == res["pib"] == pytest.approx(100 * sum(cls_hits) / 12, abs=1e-3)
     assert res["pib_aggregated"] == pytest.approx(100 * sum(agg_hits) / 12, abs=1e-3)
     assert cls_hits != agg_hits  # the two tokens pick different patches here: the test tells them apart
+    # the continuous companions: Patch Score contrast (box patches minus the rest) and mean cos(patch, [CLS])
+    assert res["patch_score_contrast"] == pytest.approx(sum(contrast) / 12, abs=1e-5)
+    assert res["patch_score_contrast_aggregated"] == pytest.approx(sum(agg_contrast) / 12, abs=1e-5)
+    assert res["cls_patch_cos"] == pytest.approx(sum(cos) / 12, abs=1e-5)
+    assert abs(res["patch_score_contrast"] - res["patch_score_contrast_aggregated"]) > 1e-3
     assert len(res["pib_cls_per_layer"]) == 2 and res["pib_cls_per_layer"][-1] == res["pib_cls"]
 
 

@@ -9,7 +9,7 @@ import torch
 from probes.ridge import RidgeSegProbe, patch_targets
 from tokenmix.attention_stats import attention_stats
 from tokenmix.diffusion import (boxes_patch_mask, cls_patch_cosine, effective_rank, effective_rank_from_gram,
-                                mask_boxes, patch_scores, pib_hits)
+                                mask_boxes, patch_scores, pib_hits, score_contrast)
 
 
 def test_pib_and_cosine_hand_case():
@@ -22,6 +22,10 @@ def test_pib_and_cosine_hand_case():
     assert torch.allclose(cls_patch_cosine(cls, patch), torch.tensor([(1 + r) / 3, (-1 + r) / 3]), atol=1e-6)
     boxes = torch.tensor([[True, False, False], [True, True, False]])  # image 1's top patch (2) is outside
     assert pib_hits(patch_scores(cls, patch), boxes).tolist() == [True, False]
+    # contrast: image 0 scores inside {1}, outside {0, r}; image 1 inside {0, -1}, outside {r}
+    c = score_contrast(patch_scores(cls, patch), boxes)
+    assert torch.allclose(c, torch.tensor([1 - (0 + r) / 2, -0.5 - r]), atol=1e-6)
+    assert score_contrast(patch_scores(cls, patch), torch.ones(2, 3, dtype=torch.bool)).isnan().all()
 
 
 def test_effective_rank_hand_cases():

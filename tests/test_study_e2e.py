@@ -74,6 +74,12 @@ def test_study_runs_resumes_and_reports(tmp_path, demo_data):
     for seed, p in enumerate(payloads):
         assert f"| softmax | {seed} | {p['metrics']['top1']['20']:.2f} |" in md
 
+    # study.compare reads the same folder as the report: against itself, the report's cell on both sides, Δ = 0
+    from study.compare import main as compare_main
+    assert compare_main([str(tmp_path / "study"), str(tmp_path / "study"), "--labels", "a,b",
+                         "--out", str(tmp_path / "cmp.md")]) == 0
+    assert f"| softmax | ImageNet k-NN top-1 (k=20) | {cell} | {cell} | +0.00 ± " in (tmp_path / "cmp.md").read_text()
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)

@@ -44,6 +44,7 @@ class FakeCLIs:
 
     def __init__(self, fail=()):
         self.calls, self.fail = [], set(fail)
+        self.top1 = None  # (variant, seed) -> val top-1 the pretraining writes into its summary.json
 
     def __call__(self, cmd, stdout=None, stderr=None, cwd=None, env=None):
         self.calls.append(list(cmd))
@@ -60,6 +61,11 @@ class FakeCLIs:
             for e in (epochs or "[]").strip("[]").split(","):
                 if e:
                     (ck.parent / f"at_epoch{int(e):04d}.ckpt").write_bytes(f"{variant}/{seed}/e{e}".encode())
+            if self.top1:  # the run's own summary.json, beside checkpoints/ (RunSummary / SupervisedSummary)
+                body = results_payload(task="pretrain", variant=variant, data="demo",
+                                       metrics={"val_top1": self.top1[(variant, seed)]}, config={},
+                                       backbone=backbone_entry({}, str(ck), None))
+                (ck.parent.parent / "summary.json").write_text(json.dumps(body))
             if (variant, seed) in self.fail:
                 self.fail.discard((variant, seed))
                 rc = 1
@@ -382,3 +388,15 @@ def test_cells_are_resolved_once_and_run_without_the_planner(tmp_path, fake, mon
                         stream=io.StringIO())
     assert study.local.run_missing(cells, done, "py", progress, tmp_path / "logs") == []
     assert len(fake.calls) == 5 and all(status(cells).values())
+
+
+def test_the_runs_own_summary_is_a_column(tmp_path, fake):
+    """A pretraining run's summary.json (its val top-1, last k-NN and dense checks) is read as the study's
+    'run's ...' columns, with the same mean ± std and Δ rule as the evaluations."""
+    fake.top1 = {("softmax", 0): 70.0, ("softmax", 1): 74.0, ("entmax", 0): 75.0, ("entmax", 1): 77.0}
+    assert main(_argv(tmp_path, "t", "--tasks", "knn")) == 0
+    md = (tmp_path / "report_t" / "study.md").read_text()
+    # softmax 70, 74: mean 72, std 2.83, se 2; entmax 75, 77: mean 76, se 1; Δ 4, se √5 = 2.24, 2 se = 4.47: inside
+    assert "| softmax | 72.00 ± 2.83 (n=2) | 81.00 ± 1.41 (n=2) |" in md
+    assert "run's val top-1 (supervised)" in md and "entmax vs softmax: +4.00 ± 2.24, inside seed noise" in md
+    assert "| entmax | 1 | 77.00 | 89.00 |" in md

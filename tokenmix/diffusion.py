@@ -4,6 +4,8 @@ training while [CLS] improves). Pure functions on tensors; ``lightning_modules.c
 - Patch score and Point-in-Box (LaSt-ViT ``visualization/``): score of a patch = cosine([CLS], patch); an image is a
   hit when its top-scoring patch overlaps a ground-truth box; PiB = hits / images (``analysis.patch_score`` uses
   these too).
+- Patch Score contrast: mean score of the patches a box overlaps minus the mean of the others (higher = [CLS] more
+  alike the object than the background; a continuous companion of PiB, which counts the top patch only).
 - Mean cosine between the patch tokens and [CLS] (higher = patches more alike the global token).
 - Effective rank of patch features (Roy & Vetterli 2007): exp(H(p)), p = σ / Σσ over the singular values σ of the
   (patches x dim) matrix, uncentred as in the paper; computed from the Gram matrix XᵀX (σ² are its eigenvalues),
@@ -16,8 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["patch_scores", "top_patch", "pib_hits", "cls_patch_cosine", "effective_rank", "effective_rank_from_gram",
-           "mask_boxes", "boxes_patch_mask"]
+__all__ = ["patch_scores", "top_patch", "pib_hits", "score_contrast", "cls_patch_cosine", "effective_rank",
+           "effective_rank_from_gram", "mask_boxes", "boxes_patch_mask"]
 
 
 def patch_scores(cls: torch.Tensor, patch: torch.Tensor) -> torch.Tensor:
@@ -38,6 +40,16 @@ def pib_hits(scores: torch.Tensor, box_masks: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"scores {tuple(scores.shape)} and box masks {tuple(box_masks.shape)} must match")
     top = top_patch(scores)
     return box_masks.gather(1, top[:, None])[:, 0]
+
+
+def score_contrast(scores: torch.Tensor, box_masks: torch.Tensor) -> torch.Tensor:
+    """(B,) mean score inside the box patches minus mean score outside; NaN where either side has no patch."""
+    if scores.shape != box_masks.shape:
+        raise ValueError(f"scores {tuple(scores.shape)} and box masks {tuple(box_masks.shape)} must match")
+    m = box_masks.to(scores.dtype)
+    inside = (scores * m).sum(1) / m.sum(1)  # 0/0 = NaN when no patch is inside
+    outside = (scores * (1 - m)).sum(1) / (1 - m).sum(1)
+    return inside - outside
 
 
 def cls_patch_cosine(cls: torch.Tensor, patch: torch.Tensor) -> torch.Tensor:
