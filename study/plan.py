@@ -161,12 +161,26 @@ def read_checkpoints(checkpoints, variants) -> tuple[tuple[str, str, str, str], 
     return tuple(out)
 
 
+def demo_identity(data: str, root: str) -> dict:
+    """The demo data a cell reads when it is not the default folder (``TOKENMIX_DEMO_ROOT``, the lazy-aggregation
+    knob ``TOKENMIX_DEMO_LAZY``, docs/demo-data.md): part of the keys, so a study re-run on other demo data never
+    reuses cells of the first. Empty for the default data, so those keys (and finished cells) stay as they were."""
+    if not is_demo(data) or root:
+        return {}
+    from datamodules.demo.cache import lazy_p_from_env
+    folder = Path(os.environ.get("TOKENMIX_DEMO_ROOT") or paths.REPO / "data" / "demo").resolve()
+    lazy = lazy_p_from_env()
+    if folder == (paths.REPO / "data" / "demo").resolve() and lazy == 0:
+        return {}
+    return {"demo_root": str(folder), "demo_lazy": lazy}
+
+
 def pretrain_key(spec: Spec, variant: str, seed: int) -> str:
     files = [preset_file(spec.preset)] + [paths.REPO / "configs" / "variants" / f"{p}.yaml"
                                           for p in variant.split("+")]
     body = {"variant": variant, "seed": seed, "preset": spec.preset, "data": spec.data,
             "data_root": spec.data_root, "args": list(spec.pretrain_args),
-            "files": {f.name: sha256_file(f) for f in files if f.is_file()}}
+            "files": {f.name: sha256_file(f) for f in files if f.is_file()}, **demo_identity(spec.data, spec.data_root)}
     keep = keep_args(spec.points)
     if keep:  # only with kept points: a study without AT keeps its keys (and its finished cells)
         body["keep"] = keep
@@ -181,7 +195,7 @@ def eval_key(spec: Spec, task: str, seed: int, checkpoint: tuple = ()) -> str:
     data, root = spec.eval_data(task)
     body = {"task": task, "seed": seed, "data": data, "data_root": root,
             "args": list(spec.probe_args if source == "probe" else spec.analysis_args),
-            "config": sha256_file(cfg) if source == "probe" and cfg else None}
+            "config": sha256_file(cfg) if source == "probe" and cfg else None, **demo_identity(data, root)}
     if checkpoint:  # only for those rows: the variants' keys (and finished cells) stay as they were
         body.update(checkpoint_sha256=checkpoint[3], arch=checkpoint[2])
     return _key(body)

@@ -10,6 +10,7 @@ import pytest
 
 import study.local
 from study.__main__ import main
+from tokenmix import paths
 from tokenmix.results import backbone_entry, results_payload
 
 # k-NN top-1 / mIoU / PiB each variant's seed yields (independent of the code under test)
@@ -400,3 +401,27 @@ def test_the_runs_own_summary_is_a_column(tmp_path, fake):
     assert "| softmax | 72.00 ± 2.83 (n=2) | 81.00 ± 1.41 (n=2) |" in md
     assert "run's val top-1 (supervised)" in md and "entmax vs softmax: +4.00 ± 2.24, inside seed noise" in md
     assert "| entmax | 1 | 77.00 | 89.00 |" in md
+
+
+def test_other_demo_data_gets_other_keys(tmp_path, monkeypatch):
+    """TOKENMIX_DEMO_ROOT / TOKENMIX_DEMO_LAZY (the lazy-aggregation knob) join the cells' keys, so a study re-run on
+    other demo data reuses nothing of the first; the default demo data keeps the keys it always had."""
+    from study.plan import Spec, eval_key, pretrain_key
+    monkeypatch.delenv("TOKENMIX_DEMO_ROOT", raising=False)
+    monkeypatch.delenv("TOKENMIX_DEMO_LAZY", raising=False)
+    spec = Spec.create(name="k", variants=["softmax"], seeds=[0], tasks=["pib"], preset="tiny", root=tmp_path)
+    base = (pretrain_key(spec, "softmax", 0), eval_key(spec, "pib", 0))
+    monkeypatch.setenv("TOKENMIX_DEMO_ROOT", str(paths.REPO / "data" / "demo"))  # the default folder, named
+    assert (pretrain_key(spec, "softmax", 0), eval_key(spec, "pib", 0)) == base
+    monkeypatch.setenv("TOKENMIX_DEMO_ROOT", str(tmp_path / "demo_lazy1"))
+    lazy_root = (pretrain_key(spec, "softmax", 0), eval_key(spec, "pib", 0))
+    monkeypatch.setenv("TOKENMIX_DEMO_LAZY", "1")
+    lazy = (pretrain_key(spec, "softmax", 0), eval_key(spec, "pib", 0))
+    assert len({base[0], lazy_root[0], lazy[0]}) == 3 and len({base[1], lazy_root[1], lazy[1]}) == 3
+    # a task evaluated on demo data at an explicit root names its data itself: the environment does not enter
+    other = Spec.create(name="k", variants=["softmax"], seeds=[0], tasks=["knn"], preset="tiny", root=tmp_path,
+                        task_data=[("knn", "demo", str(tmp_path / "small"))])
+    with_env = eval_key(other, "knn", 0)
+    monkeypatch.delenv("TOKENMIX_DEMO_ROOT")
+    monkeypatch.delenv("TOKENMIX_DEMO_LAZY")
+    assert eval_key(other, "knn", 0) == with_env
