@@ -95,8 +95,8 @@ def figure(runs: dict[str, dict[str, Curve]], out: Path) -> None:
     from .report_plots import save_png
     tags = [t for t in MEASURES if any(t in c for c in runs.values())]
     cols = 3
-    fig, axes = plt.subplots((len(tags) + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.2 * ((len(tags) + 2) // 3)),
-                             squeeze=False)
+    rows = (len(tags) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
     for ax, tag in zip(axes.flat, tags):
         for label, curves in runs.items():
             if tag in curves:

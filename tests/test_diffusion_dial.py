@@ -127,8 +127,10 @@ def test_a_dinov2_hub_file_takes_the_dial_and_keeps_dinov2s_features_at_a_zero(t
     random weights), through CKPT= as the probes load it: at a = 0 inside the dial the features are DINOv2's own
     ``x_norm_*`` (to 1e-5); at a = 1 the dialed block's attention rows are uniform over [CLS], registers, patches."""
     from probes.backbone import resolve_backbone
-    from test_foreign_dinov2 import _source
-    src = _source("dinov2_vits14_reg")
+    from helpers.dinov2_source import dinov2_source
+    from official.dinov2 import DinoVisionTransformer
+    src = dinov2_source("dinov2_vits14_reg")
+    assert isinstance(src, DinoVisionTransformer)  # the reference is DINOv2's own module, not ours
     torch.save(src.state_dict(), tmp_path / "dinov2_vits14_reg4.pth")
     m = resolve_backbone(str(tmp_path / "dinov2_vits14_reg4.pth"), "", "vit_demo_patch8", 16).model.eval()
     x = torch.randn(1, 3, 56, 84, generator=torch.Generator().manual_seed(0))  # 4x6 patches, not the native grid

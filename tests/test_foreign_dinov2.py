@@ -10,32 +10,16 @@ and are run at one size."""
 import pytest
 import torch
 
-from official.dinov2 import DinoVisionTransformer, hub_settings
+from helpers.dinov2_source import dinov2_source
+from official.dinov2 import hub_settings
 from probes.backbone import resolve_backbone
 
 pytestmark = pytest.mark.timeout(120)
 SIZES = [(224, 224), (448, 448), (518, 518), (224, 448)]
-SHAPE = dict(embed_dim=128, num_heads=2, depth=2)
-
-
-def _source(name, block_chunks=0, seed=0):
-    """DINOv2's ``name`` (hub settings) at the cheap shape, random weights at a trained scale."""
-    torch.manual_seed(seed)
-    m = DinoVisionTransformer(**{**hub_settings(name), **SHAPE, "block_chunks": block_chunks}).eval()
-    with torch.no_grad():
-        for p in m.parameters():  # the transcription has no init: every tensor (LayerScale, norms, biases) drawn
-            p.add_(torch.randn_like(p) * 0.02)
-        m.pos_embed.mul_(25)
-        m.cls_token.normal_()
-        if m.register_tokens is not None:
-            m.register_tokens.normal_()
-    return m
-
-
 def _file(tmp_path, name, layout):
     """The source's weights as DINOv2 writes them: the hub's plain state dict, or a training checkpoint (fvcore's
     ``{"model": {"teacher.backbone.*", "student.backbone.*"}, "iteration"}``, blocks in 2 chunks)."""
-    src = _source(name, block_chunks=2 if layout == "train" else 0)
+    src = dinov2_source(name, block_chunks=2 if layout == "train" else 0)
     path = tmp_path / f"{name}_{layout}.pth"
     sd = src.state_dict()
     if layout == "train":
@@ -75,13 +59,16 @@ def _assert_same(ours, src, x):
 def test_the_two_dinov2_rules_differ_on_these_inputs():
     """The check above can fail: on the same table the other model family's rule moves the position embeddings
     by far more than 1e-5 at every non-native size (and so the features: 0.8 to 2.5 measured on a 12-block ViT-S)."""
-    src = _source("dinov2_vits14_reg")
+    src = dinov2_source("dinov2_vits14_reg")
+    rules = {n: (hub_settings(n)["interpolate_antialias"], hub_settings(n)["interpolate_offset"])
+             for n in ("dinov2_vits14_reg", "dinov2_vits14")}
+    assert rules == {"dinov2_vits14_reg": (True, 0.0), "dinov2_vits14": (False, 0.1)}  # the hub's two rules
     for h, w in [(224, 224), (448, 448), (224, 448)]:
         x = torch.zeros(1, (h // 14) * (w // 14) + 1, 128)
         reg = src.interpolate_pos_encoding(x, h, w)
-        src.interpolate_antialias, src.interpolate_offset = False, 0.1  # dinov2_vits14's rule
+        src.interpolate_antialias, src.interpolate_offset = rules["dinov2_vits14"]
         plain = src.interpolate_pos_encoding(x, h, w)
-        src.interpolate_antialias, src.interpolate_offset = True, 0.0
+        src.interpolate_antialias, src.interpolate_offset = rules["dinov2_vits14_reg"]
         assert (reg - plain).abs().max() > 0.1, (h, w)
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from official import vit as vits  # facebookresearch/dino's VisionTransformer, transcribed (official/vit.py)
+
 
 def _jpg(rng: np.random.Generator, path: Path, h: int, w: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,7 +89,6 @@ def vit_pair(seed: int = 0):
     from torch import nn
 
     import backbones
-    from official import vit as vits
     model = backbones.create_vit("vit_test_patch8", "softmax", seed=seed).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
