@@ -12,6 +12,7 @@ DATA ?= demo
 DATA_ROOT ?=
 TASK ?=
 CKPT ?=
+DIAL ?=
 RESUME ?=
 LAYER ?=
 KIND ?=
@@ -62,7 +63,7 @@ probe: install
 	$(PY) -m probes.run --task '$(TASK)' --variant '$(VARIANT)' --ckpt '$(CKPT)' --data '$(DATA)' --data-root '$(DATA_ROOT)' --layer '$(LAYER)' --kind '$(KIND)' $(ARGS)
 
 analyze: install
-	$(PY) -m analysis.run --task '$(TASK)' --variant '$(VARIANT)' --ckpt '$(CKPT)' --data '$(DATA)' --data-root '$(DATA_ROOT)' $(ARGS)
+	$(PY) -m analysis.run --task '$(TASK)' --variant '$(VARIANT)' --ckpt '$(CKPT)' --data '$(DATA)' --data-root '$(DATA_ROOT)' $(if $(DIAL),--dial '$(DIAL)') $(ARGS)
 
 report: install
 	$(PY) -m analysis.report $(ARGS)

@@ -1,192 +1,199 @@
-"""``make analyze TASK=calibration [VARIANT=... | CKPT=...]``: a positive control for every dense measure.
+"""``make analyze TASK=calibration DIAL=<semantic|lazy|tokens> [VARIANT=... | CKPT=...]``: what each dense measure
+can detect, in its own units, at a known dose of each paper's mechanism.
 
-The diffusion dial (``backbones.diffusion_dial``; default ``--dial-mode tokens``: each token entering the last blocks
-mixed with the mean token, ``x' = (1 - a) x + a mean(x)``; ``attention``: each attention row with the uniform row,
-``P' = (1 - a) P + a / N``, which changes little where the attention is near-uniform already, as in the demo and tiny
-runs: docs/calibration.md) is swept over ``a`` in {0, 0.25, 0.5, 0.75, 1} on a fixed backbone. At each ``a`` every
-dense measure that runs head-free on a CPU is evaluated (``analysis.calibration_measures``): ridge segmentation,
-dense retrieval and overclustering mIoU, Point-in-Box and the Patch Score spread, cos(patch, [CLS]), effective rank,
-attention entropy and share of exact zeros, with the [CLS] k-NN beside them. At ``a = 0`` the same evaluation is
-repeated over probe seeds and bootstrapped over images: each measure's noise band (``tokenmix.noise``, the rule of
-the study's "inside seed noise" verdict). A measure whose response from ``a = 0`` to ``a = 1`` stays inside its band
-is *blind* at this scale; one that moves against its expected direction is flagged *wrong way*.
+The diffusion dial (``backbones.diffusion_dial``: ``semantic`` = the entmax paper's semantic diffusion, ``lazy`` =
+LaSt-ViT's lazy aggregation, ``tokens`` = a deletion) is set to each dose ``a`` in ``--doses`` (default 0, 0.02,
+0.05, 0.1, 0.2, 0.4) on a fixed backbone, and every dense measure of the registry (``tokenmix.dense_measures``) is
+evaluated on the same images (``analysis.calibration_measures``). Per measure and dose: Δ(a) = value(a) - value(0)
+with a 95 % paired bootstrap interval over images (and probe seeds where the probe draws; widened by a study's
+training-seed sd with ``--seed-sd``; ``tokenmix.noise``). Then:
 
-Writes ``runs/<variant>/analysis/calibration/version_N/``: ``results.json`` (``tokenmix.results`` schema;
-``metrics.measures.<name>``: expected direction, value per level, response, noise band, verdict), ``calibration.png``
-(each measure against ``a`` with its band) and TensorBoard scalars. Depth is not swept: its probe trains a head.
+- the *smallest detectable dose* a*: the smallest a whose interval excludes 0 on the expected side, the change
+  Δ(a*) there, and the *detectable change*: the interval's half-width at a* (a smaller change would stay inside),
+  at the evaluated image count and at a full validation set (VOC val, 1,449 images: se ∝ 1/√n);
+- beside it the papers' effect (``PAPER_EFFECTS``): a measure whose detectable change exceeds it is labelled
+  "cannot see the papers' effect at this size"; one that never detects, "not detected";
+- doses where the interval excludes 0 on the wrong side, and whether the point estimates are monotone;
+- a measure that cannot respond (exact zeros when the undosed backbone has none, as softmax) is "not applicable";
+- the dial's manipulation check at each dose (``Dial.check``).
+
+Writes ``runs/<variant>/analysis/calibration/version_N/``: ``results.json`` (``metrics.measures.<key>``),
+``calibration.png`` (Δ(a) with its intervals, the papers' effect dashed) and TensorBoard scalars.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+import csv
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Optional
 
 import torch
 
-from backbones.diffusion_dial import Mode, Rows, default_blocks, dialed_blocks, diffusion_dial
-from tokenmix.cli import error_exit
-from tokenmix.noise import Direction, NoiseBand, Verdict, bootstrap, combine, noise_band, verdict
+from backbones.diffusion_dial import LAZY_K, Mode, dialed_blocks, diffusion_dial
+from tokenmix.dense_measures import BY_KEY, PAPER_EFFECTS
+from tokenmix.noise import PairedDelta, paired_bootstrap, seed_delta
 
-from .calibration_measures import EvalSettings, Evaluation, knn_evaluation, measures, n_resampled, seg_evaluation
+from .calibration_measures import (Evaluation, ProbeSettings, images_of, keys_of, knn_evaluation, seeds_of,
+                                   seg_evaluation, value)
 
-LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
-FORMULAS = {Mode.ATTENTION: "P' = (1 - a) P + a / N", Mode.TOKENS: "x' = (1 - a) x + a mean(x) at each block input"}
-
-
-@dataclass(frozen=True)
-class Measure:
-    key: str
-    label: str
-    direction: Direction  # expected as a -> 1 (more diffusion)
-    noise: str            # what its band is made of
-    why: str
-
-
-MEASURES: tuple[Measure, ...] = (
-    Measure("ridge_mIoU", "ridge seg. mIoU (%)", Direction.DOWN, "bootstrap", "local evidence diluted"),
-    Measure("retrieval_mIoU", "retrieval mIoU (%)", Direction.DOWN, "seeds+bootstrap", "neighbours less local"),
-    Measure("overcluster_mIoU", "overcluster mIoU (%)", Direction.DOWN, "seeds", "clusters mix classes"),
-    Measure("pib", "Point-in-Box (%)", Direction.DOWN, "bootstrap", "top patch drifts off the object"),
-    Measure("patch_score_spread", "Patch Score spread", Direction.DOWN, "bootstrap",
-            "std over patches of cos([CLS], patch): the map flattens"),
-    Measure("cls_patch_cosine", "cos(patch, [CLS])", Direction.UP, "bootstrap", "patches share a global vector"),
-    Measure("effective_rank", "effective rank", Direction.DOWN, "bootstrap", "patch features collapse"),
-    Measure("attn_entropy", "attention entropy (nats)", Direction.UP, "bootstrap", "rows approach uniform"),
-    Measure("attn_zero_share", "attention exact zeros", Direction.DOWN, "bootstrap",
-            "the uniform share leaves no zero (0 throughout for softmax)"),
-    Measure("knn_top1", "[CLS] k-NN top-1 (%)", Direction.NONE, "bootstrap", "global token, reported beside"),
-)
+DOSES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4)
+FULL_VAL = 1449  # VOC 2012 val: the full validation set the detectable change is scaled to
+BLIND = "cannot see the papers' effect at this size"
 
 
 @dataclass(frozen=True)
 class CalibrationConfig:
-    levels: tuple[float, ...] = LEVELS
+    doses: tuple[float, ...] = DOSES
     blocks: Optional[int] = None   # dialed last blocks (None: the last third)
-    rows: Rows = Rows.ALL
-    mode: Mode = Mode.TOKENS       # attention-row mixing cannot flatten the near-uniform attention of CPU-scale runs
+    mode: Mode = Mode.SEMANTIC
+    k: int = LAZY_K                # lazy dial: planted patches
     task: str = "voc"              # segmentation task of the dense probes
     img_size: Optional[int] = None  # probe input side (None: the task's, e.g. 128 on the demo VOC)
     max_train: int = 300           # evenly spaced images of each split (the demo VOC has 300 / 100)
     max_val: int = 100
     knn_train: int = 2000          # classification images for the [CLS] k-NN (0: no k-NN)
     knn_val: int = 800
+    knn_data: str = ""
     seeds: int = 5
     bootstrap: int = 200
     attn_images: int = 32
     batch_size: int = 16
     device: str = "cpu"
+    seed_sd: dict = field(default_factory=dict)  # measure key -> a study's training-seed sd
 
 
-def _band(m: Measure, ev: Evaluation, seeds: int, reps: int) -> NoiseBand:
-    """The noise band of ``m`` from the a = 0 evaluation: probe seeds and / or a bootstrap over images."""
-    parts = []
-    if "seeds" in m.noise:
-        parts.append(noise_band([measures(ev, [m.key], seed=s)[m.key] for s in range(seeds)], "seeds"))
-    if "bootstrap" in m.noise:
-        parts.append(noise_band(bootstrap(n_resampled(ev, m.key), lambda i: measures(ev, [m.key], idx=i)[m.key],
-                                          reps), "bootstrap"))
-    return combine(*parts) if len(parts) > 1 else parts[0]
+def delta(evs: dict[float, Evaluation], a: float, key: str, cfg: CalibrationConfig) -> PairedDelta:
+    """Δ(a) of ``key`` against a = 0 on the same images (``tokenmix.noise``)."""
+    e0, ea, sd = evs[0.0], evs[a], cfg.seed_sd.get(key)
+    n, S = images_of(e0, key), seeds_of(e0, key)
+    if n == 0:
+        return seed_delta([value(ea, key, None, s) for s in range(S)], [value(e0, key, None, s) for s in range(S)], sd)
+    return paired_bootstrap(n, lambda i, s: value(ea, key, i, s), lambda i, s: value(e0, key, i, s), S,
+                            cfg.bootstrap, seed_sd=sd)
 
 
-def summarize(values: dict[float, dict], ev0: Evaluation, cfg: CalibrationConfig) -> dict:
-    """Per measure: direction, value per level, response (a = max - a = 0), noise band, verdict, and the levels in
-    between where it went against its direction beyond the band (``wrong_way_at``: not monotone)."""
-    lo, hi = min(cfg.levels), max(cfg.levels)
-    out = {}
-    for m in MEASURES:
-        if m.key not in values[lo]:
-            continue
-        band = _band(m, ev0, cfg.seeds, cfg.bootstrap)
-        delta = values[hi][m.key] - values[lo][m.key]
-        v = verdict(delta, band, m.direction)
-        # levels on the way where the measure went against its direction beyond the band (not monotone)
-        against = [a for a in cfg.levels[1:-1] if verdict(values[a][m.key] - values[lo][m.key], band, m.direction)
-                   is Verdict.WRONG_WAY]
-        out[m.key] = {"label": m.label, "expected": m.direction.value, "why": m.why,
-                      "values": [values[a][m.key] for a in cfg.levels], "response": delta,
-                      "noise": band.as_dict(), "verdict": v.value, "blind": v is Verdict.BLIND,
-                      "wrong_way_at": against}
-    return out
+def response(evs: dict[float, Evaluation], key: str, cfg: CalibrationConfig) -> dict:
+    """One measure's dose-response (module docstring)."""
+    m, doses = BY_KEY[key], [a for a in cfg.doses if a > 0]
+    direction = m.direction.value
+    values = [sum(value(evs[a], key, None, s) for s in range(seeds_of(evs[a], key))) / seeds_of(evs[a], key)
+              for a in cfg.doses]
+    deltas = {a: delta(evs, a, key, cfg) for a in doses}
+    star = next((a for a in doses if deltas[a].detected(direction)), None)
+    at = deltas[star if star is not None else doses[-1]]
+    n = images_of(evs[0.0], key)
+    full = at.half_width_at(FULL_VAL) if n else at.half_width
+    paper = PAPER_EFFECTS.get(m.paper) if m.paper else None
+    applicable = not (key == "diffusion_attn_zero_share" and values[0] == 0.0)  # no exact zeros to lose (softmax)
+    steps = [b - a for a, b in zip(values, values[1:])]
+    blind = paper is not None and at.half_width is not None and at.half_width > abs(paper)
+    flag = ("not applicable: no exact zeros at a = 0" if not applicable else
+            "not detected" + (f"; {BLIND}" if blind else "") if star is None else BLIND if blind else "")
+    return {"label": m.label, "unit": m.unit, "expected": direction, "paper_measure": m.paper, "paper_effect": paper,
+            "values": values, "deltas": [{"a": a, **deltas[a].as_dict()} for a in doses],
+            "smallest_dose": star, "change_at": None if star is None else at.delta, "detectable_change": at.half_width,
+            "detectable_change_full": full, "n_images": n, "seeds": seeds_of(evs[0.0], key),
+            "sees_papers_effect": None if paper is None or at.half_width is None else at.half_width <= abs(paper),
+            "sees_papers_effect_full": None if paper is None or full is None else full <= abs(paper),
+            "flag": flag, "applicable": applicable, "wrong_way_at": [a for a in doses if deltas[a].against(direction)],
+            "monotone": direction == "none" or all((d >= 0) == (direction == "up") or d == 0 for d in steps),
+            "noise": one_evaluation_noise(evs[0.0], key, cfg)}
 
 
-def sweep(model, seg_dm, knn_dm, cfg: CalibrationConfig, log=print) -> tuple[dict, Evaluation]:
-    """The measures at every level (``{a: {measure: value}}``) and the a = 0 evaluation (for the bands)."""
+def one_evaluation_noise(ev: Evaluation, key: str, cfg: CalibrationConfig) -> dict:
+    """The spread of one evaluation at a = 0 (bootstrap over images / probe seeds): the band a drop between two
+    checkpoints of one run must exceed (``analysis.training_curves``)."""
+    n, S = images_of(ev, key), seeds_of(ev, key)
+    d = (paired_bootstrap(n, lambda i, s: value(ev, key, i, s), lambda i, s: 0.0, S, cfg.bootstrap) if n else
+         seed_delta([value(ev, key, None, s) for s in range(S)], [0.0] * S))
+    return {"sd": d.se, "half_width": d.half_width}
+
+
+def sweep(model, seg_dm, knn_dm, cfg: CalibrationConfig, log=print) -> tuple[dict, list]:
+    """The evaluation at every dose (``{a: Evaluation}``) and the dial's manipulation check at each."""
     idx = dialed_blocks(model.depth, cfg.blocks)
-    s = EvalSettings(seg_dm.num_classes, seeds=cfg.seeds, attn_images=cfg.attn_images, batch_size=cfg.batch_size,
-                     device=cfg.device)
-    values, ev0 = {}, None
-    for a in cfg.levels:
+    s = ProbeSettings(seg_dm.num_classes, seeds=cfg.seeds, attn_images=cfg.attn_images, batch_size=cfg.batch_size,
+                      device=cfg.device)
+    evs, checks = {}, []
+    for a in cfg.doses:
         t0 = time.perf_counter()
-        with torch.no_grad(), diffusion_dial(model, a, blocks=len(idx), rows=cfg.rows, mode=cfg.mode):
-            ev = seg_evaluation(model, seg_dm, s, idx)
+        with torch.no_grad(), diffusion_dial(model, a, blocks=len(idx), mode=cfg.mode, k=cfg.k) as dial:
+            evs[a] = seg_evaluation(model, seg_dm, s)
             if knn_dm is not None:
-                ev.knn_correct = knn_evaluation(model, knn_dm, s)
-        values[a] = measures(ev)
-        ev0 = ev if a == min(cfg.levels) else ev0
-        log(f"[calibration] a = {a:g}: " + ", ".join(f"{k} {v:.4g}" for k, v in values[a].items())
-            + f" ({time.perf_counter() - t0:.1f} s)")
-    return values, ev0
+                evs[a].knn_correct = knn_evaluation(model, knn_dm, s)
+        checks.append(dial.check())
+        log(f"[calibration] a = {a:g}: check {checks[-1]['without']:.4g} -> {checks[-1]['with']:.4g} "
+            f"({time.perf_counter() - t0:.1f} s)")
+    return evs, checks
 
 
-def figure(result: dict, levels, title: str):
-    """One panel per measure: value against a, the a = 0 noise band shaded, the verdict in the title."""
+def figure(result: dict, title: str):
+    """One panel per measure: Δ(a) with its 95 % paired intervals, 0 and the papers' effect (dashed, signed as the
+    dial pushes), a* marked."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     items = list(result.items())
-    cols = 5
-    rows = (len(items) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.7 * rows), squeeze=False)
+    cols = 4
+    fig, axes = plt.subplots((len(items) + cols - 1) // cols, cols, figsize=(3.6 * cols, 2.9 * ((len(items) + 3) // 4)),
+                             squeeze=False)
     for ax, (key, r) in zip(axes.flat, items):
-        ax.plot(levels, r["values"], "o-", color="tab:blue")
-        hw = r["noise"]["half_width"]
-        if hw is not None:
-            ax.axhspan(r["values"][0] - hw, r["values"][0] + hw, color="tab:grey", alpha=0.25)
-        note = f", wrong way at a = {', '.join(f'{a:g}' for a in r['wrong_way_at'])}" if r["wrong_way_at"] else ""
-        ax.set_title(f"{r['label']}\nexpected {r['expected']}: {r['verdict']}{note}", fontsize=8)
-        ax.set_xlabel("dial a", fontsize=8)
+        a = [d["a"] for d in r["deltas"]]
+        y = [d["delta"] for d in r["deltas"]]
+        err = [0.0 if d["half_width"] is None else d["half_width"] for d in r["deltas"]]
+        ax.errorbar(a, y, yerr=err, fmt="o-", color="tab:blue", capsize=3)
+        ax.axhline(0.0, color="k", lw=0.6)
+        if r["paper_effect"] is not None and r["expected"] != "none":
+            ax.axhline(abs(r["paper_effect"]) * (1 if r["expected"] == "up" else -1), color="tab:red", ls="--", lw=1)
+        if r["smallest_dose"] is not None:
+            ax.axvline(r["smallest_dose"], color="tab:green", ls=":", lw=1)
+        star = "none" if r["smallest_dose"] is None else f"{r['smallest_dose']:g}"
+        ax.set_title(f"{r['label']} ({r['unit']}), expected {r['expected']}\na* = {star} {r['flag']}", fontsize=7)
+        ax.set_xscale("symlog", linthresh=0.02)
+        ax.set_xlabel("dose a", fontsize=7)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(items):]:
         ax.axis("off")
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     return fig
 
 
+def _cell(r: Optional[dict]) -> str:
+    if r is None:
+        return "not run"
+    if not r["applicable"] or r["smallest_dose"] is None:
+        return r["flag"]
+    return f"a* {r['smallest_dose']:g}: {r['change_at']:+.3g} (±{r['detectable_change']:.2g})" + (
+        f" **{r['flag']}**" if r["flag"] else "")
+
+
 def calibration_section(found) -> list[str]:
-    """``make report``'s calibration table: the newest calibration per (variant, data), each measure's response
-    from the lowest to the highest a with its noise band; blind measures marked (``analysis.report.Found`` rows)."""
+    """``make report``'s calibration table: the newest calibration per (variant, data, dial), each measure's
+    smallest detectable dose, its change there ± the detectable change (``analysis.report.Found`` rows)."""
     newest = {}
     for f in found:
-        if f.task == "calibration" and f.created >= newest.get((f.variant, f.data), f).created:
-            newest[(f.variant, f.data)] = f
+        key = (f.variant, f.data, f.payload["metrics"].get("dial", {}).get("mode", ""))
+        if f.task == "calibration" and f.created >= newest.get(key, f).created:
+            newest[key] = f
     if not newest:
         return []
-    keys = [m.key for m in MEASURES]
+    keys = list(BY_KEY)
     lines = ["", "## Calibration (diffusion dial)", "",
-             "Response of each measure from the lowest to the highest dial value a (`make analyze TASK=calibration`), "
-             "± its noise band (2 sd of one evaluation at a = 0: probe seeds / bootstrap over images); **blind**: "
-             "inside the band, *wrong way*: against the expected direction (docs/calibration.md).", "",
-             "| variant | data | dial | " + " | ".join(f"{m.label} ({m.direction.value})" for m in MEASURES) + " |",
+             "Each measure's smallest detectable dose a* of the dial (`make analyze TASK=calibration DIAL=...`), its "
+             "change there ± the interval's half-width (the smallest change the run can detect); **bold**: larger "
+             "than the papers' effect (docs/calibration.md).", "",
+             "| variant | data | dial | " + " | ".join(BY_KEY[k].label for k in keys) + " |",
              "|---|---|---|" + "---|" * len(keys)]
-    for (variant, data), f in sorted(newest.items()):
-        ms, dial = f.payload["metrics"].get("measures", {}), f.payload["metrics"].get("dial", {})
-        cells = []
-        for k in keys:
-            r = ms.get(k)
-            hw = None if r is None else r["noise"]["half_width"]
-            cell = "not run" if r is None else f"{r['response']:+.3g} ± {float('nan') if hw is None else hw:.2g}"
-            flag = " **blind**" if r and r["blind"] else " *wrong way*" if r and r["verdict"] == "wrong way" else ""
-            cells.append(cell + flag + (" (not monotone)" if r and r.get("wrong_way_at") else ""))
-        lines.append(f"| {variant} | {data} | {dial.get('mode', '')} {dial.get('blocks', '')} | " + " | ".join(cells)
-                     + " |")
+    for (variant, data, mode), f in sorted(newest.items()):
+        ms = f.payload["metrics"].get("measures", {})
+        lines.append(f"| {variant} | {data} | {mode} | " + " | ".join(_cell(ms.get(k)) for k in keys) + " |")
     return lines
 
 
-# --------------------------------------------------------------------------- data and command line
+# --------------------------------------------------------------------------- data and flags
 
 def _datamodule(task_name: str, data: str, data_root: str, patch_size: int, bs: int, n_train: int, n_val: int,
                 img_size: Optional[int] = None):
@@ -206,116 +213,86 @@ def _datamodule(task_name: str, data: str, data_root: str, patch_size: int, bs: 
     return dm
 
 
-def open_data(data: str, data_root: str, knn_data: str, cfg: "CalibrationConfig", patch_size: int):
+def open_data(data: str, data_root: str, cfg: CalibrationConfig, patch_size: int):
     """(segmentation DataModule, classification DataModule or None) of the sweep."""
     from datamodules.demo import is_demo
     seg = _datamodule(cfg.task, data, data_root, patch_size, cfg.batch_size, cfg.max_train, cfg.max_val,
                       cfg.img_size)
-    if not cfg.knn_train or not (knn_data or is_demo(data)):
+    if not cfg.knn_train or not (cfg.knn_data or is_demo(data)):
         return seg, None
-    name, _, root = (knn_data or "demo:").partition(":")
+    name, _, root = (cfg.knn_data or "demo:").partition(":")
     if not is_demo(name) and not root:
-        raise ValueError(f"--knn-data {knn_data!r}: expected NAME:ROOT (e.g. imagefolder:/my/cls) or demo")
+        raise ValueError(f"--knn-data {cfg.knn_data!r}: expected NAME:ROOT (e.g. imagefolder:/my/cls) or demo")
     return seg, _datamodule("knn", name, root if not is_demo(name) else (data_root if is_demo(data) else ""),
                             patch_size, cfg.batch_size, cfg.knn_train, cfg.knn_val)
 
 
-
-def build_parser() -> argparse.ArgumentParser:
-    from tokenmix.cli import eval_parent_parser
-    p = argparse.ArgumentParser(prog="python -m analysis.calibration", description=__doc__,
-                                parents=[eval_parent_parser()], formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = CalibrationConfig()
-    p.add_argument("--task", default="calibration", help="calibration (so `make analyze TASK=calibration` works)")
-    p.add_argument("--name", default="", help="label of the run folder (default: the variant)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the --ckpt random initialisation")
-    p.add_argument("--levels", default=",".join(f"{a:g}" for a in LEVELS), help="dial values a, in [0, 1]")
-    p.add_argument("--dial-blocks", type=int, default=None, help="last blocks dialed (default: the last third)")
-    p.add_argument("--dial-rows", default=d.rows.value, choices=[r.value for r in Rows])
-    p.add_argument("--dial-mode", default=d.mode.value, choices=[m.value for m in Mode],
-                   help="attention: P' = (1 - a) P + a / N; tokens: x' = (1 - a) x + a mean(x) at each block input")
-    p.add_argument("--seg-task", default=d.task, help="segmentation task of the dense probes (voc, ade20k, ...)")
-    p.add_argument("--img-size", type=int, default=None, help="segmentation probe input side (default: the task's)")
-    for f in ("max_train", "max_val", "knn_train", "knn_val", "seeds", "bootstrap", "attn_images", "batch_size"):
-        p.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(d, f))
-    p.add_argument("--knn-data", default="", help="classification data for the k-NN (default: the demo's with "
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The calibration's flags, in ``analysis.run``'s one parser."""
+    d, g = CalibrationConfig(), p.add_argument_group("calibration (--task calibration)")
+    g.add_argument("--dial", default=d.mode.value, choices=[m.value for m in Mode], help="the dial's mechanism")
+    g.add_argument("--doses", default=",".join(f"{a:g}" for a in DOSES), help="dial doses a in [0, 1] (0 included)")
+    g.add_argument("--dial-blocks", type=int, default=None, help="last blocks dialed (default: the last third)")
+    g.add_argument("--dial-k", type=int, default=d.k, help="lazy dial: planted patches")
+    g.add_argument("--seg-task", default=d.task, help="segmentation task of the dense probes (voc, ade20k, ...)")
+    g.add_argument("--img-size", type=int, default=None, help="segmentation probe input side (default: the task's)")
+    for f in ("max_train", "max_val", "knn_train", "knn_val", "seeds", "bootstrap", "attn_images"):
+        g.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(d, f))
+    g.add_argument("--knn-data", default="", help="classification data for the k-NN (default: the demo's with "
                    "DATA=demo, none otherwise); NAME:ROOT, e.g. imagefolder:/my/cls")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--no-tensorboard", action="store_true")
-    return p
+    g.add_argument("--seed-sd", default="", help="a study's training-seed sd: its study.csv (rows whose column is a "
+                   "measure key: mean std over variants), KEY=SD[,KEY=SD], or one number for every %% measure")
 
 
-def config_from(args: argparse.Namespace) -> CalibrationConfig:
-    levels = tuple(sorted({float(x) for x in str(args.levels).split(",") if x.strip()}))
-    if len(levels) < 2 or not all(0.0 <= a <= 1.0 for a in levels):
-        raise ValueError(f"--levels {args.levels!r}: at least two dial values in [0, 1], e.g. 0,0.5,1")
-    return CalibrationConfig(levels=levels, blocks=args.dial_blocks, rows=Rows(args.dial_rows), mode=Mode(args.dial_mode),
-                             task=args.seg_task,
-                             img_size=args.img_size,
-                             max_train=args.max_train, max_val=args.max_val, knn_train=args.knn_train,
-                             knn_val=args.knn_val, seeds=max(1, args.seeds), bootstrap=args.bootstrap,
-                             attn_images=args.attn_images, batch_size=args.batch_size, device=args.device)
-
-
-def main(argv=None) -> dict:
-    from datamodules.demo import is_demo
-    from tokenmix.cli import finish_eval_args
-    from probes.backbone import checkpoint_path, resolve_backbone
-    args = build_parser().parse_args(argv)
-    ev = finish_eval_args(args, demo=is_demo(args.data), accelerator="cpu" if args.device == "cpu" else "gpu")
-    b = ev.backbone
-    if b.ckpt == "pixels":
-        raise ValueError("--ckpt pixels: the diffusion dial needs a ViT (its attention); use a checkpoint or 'random'")
-    if str(ev.launch.devices).strip() != "1" or ev.launch.num_nodes != 1:
-        raise ValueError("the calibration runs in one process: leave --devices and --num-nodes at 1")
-    cfg = config_from(args)
-    checkpoint_path(b.ckpt, b.variant)  # a wrong CKPT fails before any data is opened
-    info = resolve_backbone(b.ckpt, b.variant, b.arch, 16, seed=args.seed, which=b.which.value)
-    model = info.model.eval().to(cfg.device)
-    seg_dm, knn_dm = open_data(ev.data, ev.data_root, args.knn_data, cfg, model.patch_size)
-    flags = {**vars(args), "data": ev.data, "variant": b.variant, "arch": b.arch}
-    return run(model, info, seg_dm, knn_dm, cfg, args.name or info.run_name, flags, not args.no_tensorboard)
-
-
-def run(model, info, seg_dm, knn_dm, cfg: CalibrationConfig, label: str, flags: dict, tensorboard: bool) -> dict:
-    """Sweep, bands, figure and results.json in a fresh run folder; returns the results."""
-    from tokenmix.results import backbone_entry
-    from .output import AnalysisRun
-    values, ev0 = sweep(model, seg_dm, knn_dm, cfg)
-    result = summarize(values, ev0, cfg)
-    blocks = dialed_blocks(model.depth, cfg.blocks)
-    run_ = AnalysisRun(label, "calibration", tensorboard=tensorboard)
+def seed_sds(spec: str) -> dict:
+    """--seed-sd -> {measure key: sd}."""
+    spec = spec.strip()
+    if not spec:
+        return {}
+    if Path(spec).is_file():
+        rows = [r for r in csv.DictReader(Path(spec).open()) if r.get("kind") == "measured" and r.get("std")
+                and r.get("column") in BY_KEY]
+        by = {}
+        for r in rows:
+            by.setdefault(r["column"], []).append(float(r["std"]))
+        return {k: sum(v) / len(v) for k, v in by.items()}
     try:
-        run_.save_figure("calibration", figure(result, list(cfg.levels), f"{label}: diffusion dial ({cfg.mode.value}, "
-                                               f"{FORMULAS[cfg.mode]}) on blocks {blocks}, {cfg.rows.value} rows; "
-                                               "grey: noise band ±2 sd at a = 0"))
-        for key, r in result.items():
-            for a, v in zip(cfg.levels, r["values"]):
-                run_.log_scalar(f"calibration/{key}", v, int(round(100 * a)))
-        metrics = {"levels": list(cfg.levels), "dial": {"blocks": blocks, "rows": cfg.rows.value, "mode": cfg.mode.value,
-                                                        "formula": FORMULAS[cfg.mode]},
-                   "measures": result, "blind": [k for k, r in result.items() if r["blind"]],
-                   "wrong_way": [k for k, r in result.items() if r["verdict"] == "wrong way"],
-                   "n_images": {"seg_train": len(seg_dm.train_set), "seg_val": len(seg_dm.val_set),
-                                "knn_train": 0 if knn_dm is None else len(knn_dm.train_set),
-                                "knn_val": 0 if knn_dm is None else len(knn_dm.val_set)}}
-        config = {**{k: v for k, v in flags.items()}, **asdict(cfg), "rows": cfg.rows.value, "mode": cfg.mode.value,
-                  "default_blocks": default_blocks(model.depth)}
-        out = run_.write_results(task="calibration", variant=label, data=flags.get("data", "demo"), metrics=metrics,
-                                 config=config, backbone=backbone_entry(info.config, info.checkpoint, info.sha256,
-                                                                        info.source))
-    finally:
-        run_.close()
+        if "=" not in spec:
+            return {k: float(spec) for k, m in BY_KEY.items() if m.unit == "%"}
+        return {k.strip(): float(v) for k, v in (kv.split("=") for kv in spec.split(","))}
+    except ValueError:
+        raise ValueError(f"--seed-sd {spec!r}: a study CSV, KEY=SD[,KEY=SD] or a number") from None
+
+
+def config_from(f: argparse.Namespace) -> CalibrationConfig:
+    doses = tuple(sorted({float(x) for x in str(f.doses).split(",") if x.strip()} | {0.0}))
+    if len(doses) < 2 or not all(0.0 <= a <= 1.0 for a in doses):
+        raise ValueError(f"--doses {f.doses!r}: dial doses in [0, 1], e.g. 0,0.05,0.1,0.2")
+    return CalibrationConfig(doses, f.dial_blocks, Mode(f.dial), f.dial_k, f.seg_task, f.img_size, f.max_train,
+                             f.max_val, f.knn_train, f.knn_val, f.knn_data, max(1, f.seeds), f.bootstrap,
+                             f.attn_images, f.batch_size, f.device, seed_sds(f.seed_sd))
+
+
+def run(model, cfg, run_) -> dict:
+    """``analysis.run``'s calibration stage: sweep, responses, figure and TensorBoard scalars; returns the
+    metrics. ``cfg``: the run's ``AnalysisConfig`` (its ``calibration`` part)."""
+    c: CalibrationConfig = cfg.calibration
+    seg_dm, knn_dm = open_data(cfg.data, cfg.data_root, c, model.patch_size)
+    evs, checks = sweep(model, seg_dm, knn_dm, c)
+    result = {k: response(evs, k, c) for k in keys_of(evs[0.0])}
+    blocks = dialed_blocks(model.depth, c.blocks)
+    run_.save_figure("calibration", figure(result, f"{c.mode.value} dial on blocks {blocks}: Δ(a) vs a = 0, 95 % "
+                                           "paired intervals; red dashed: the papers' effect; green: a*"))
     for key, r in result.items():
-        hw = r["noise"]["half_width"]
-        print(f"[calibration] {key:20s} expected {r['expected']:5s} response {r['response']:+.4g} "
-              f"band ±{float('nan') if hw is None else hw:.3g}: {r['verdict']}")
-    print(f"[calibration] wrote {out} and {len(run_.figures)} figure(s) in {run_.dir}")
-    return json.loads(out.read_text())
-
-
-if __name__ == "__main__":
-    try:
-        main()
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
-        sys.exit(error_exit(e, 2))
+        for d in r["deltas"]:
+            run_.log_scalar(f"calibration/{key}", d["delta"], int(round(1000 * d["a"])))
+        g = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
+        print(f"[calibration] {key:28s} a* {g(r['smallest_dose'])}, Δ {g(r['change_at'])}, detectable "
+              f"{g(r['detectable_change'])} ({r['n_images']} images) / {g(r['detectable_change_full'])} ({FULL_VAL}); "
+              f"paper {g(r['paper_effect'])} {r['flag']}")
+    return {"doses": list(c.doses), "dial": {"mode": c.mode.value, "blocks": blocks, "k": c.k, "checks": checks},
+            "measures": result, "smallest_doses": {k: r["smallest_dose"] for k, r in result.items()},
+            "full_validation_images": FULL_VAL, "config": {**asdict(c), "mode": c.mode.value},
+            "n_images": {"seg_train": len(seg_dm.train_set), "seg_val": len(seg_dm.val_set),
+                         "knn_train": 0 if knn_dm is None else len(knn_dm.train_set),
+                         "knn_val": 0 if knn_dm is None else len(knn_dm.val_set)}}

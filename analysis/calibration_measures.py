@@ -1,48 +1,44 @@
 """The dense measures of the calibration (``analysis/calibration.py``), each kept per image (or per probe seed) so
-that one evaluation gives both the value and its noise band (``tokenmix.noise``: probe seeds, bootstrap over
-images).
+that any resample of the images gives its value (``tokenmix.noise``: paired bootstrap). Keys, labels, directions
+and the per-image terms: ``tokenmix.dense_measures`` (the registry ``DenseProbeCheck`` uses too).
 
-One evaluation of a backbone (with the diffusion dial set by the caller) is three passes of the frozen model:
+One evaluation of a backbone (with the diffusion dial set by the caller) is three passes of the frozen model, each
+image one ``TokenMixViT.forward_record``:
 
 - the segmentation task's training images (the probe protocol's views, ``probes.data``): the ridge probe's sums
   (``probes.ridge``) and the dense-retrieval memory (``probes.retrieval``, the Hummingbird core on plain views, as
-  ``DenseProbeCheck``) for every probe seed;
-- its validation images, one forward each: per image the ridge and retrieval confusion matrices, cos(patch, [CLS])
-  (``tokenmix.diffusion``), its Gram matrix (effective rank), Point-in-Box of the [CLS] token and the spread (std
-  over the patches) of its Patch Score map (``analysis.patch_score``: boxes = each class's extent in the mask, as
-  ``DenseProbeCheck``), and for the
-  first ``attn_images`` the attention-row entropy and share of exact zeros of the dialed blocks
-  (``tokenmix.attention_stats``); the patch features are kept for overclustering (``probes.overcluster``, K = the
-  number of classes, Hungarian matching, one faiss k-means per probe seed);
+  ``DenseProbeCheck``), one memory per probe seed, or one for all when the memory holds every patch (the seed then
+  only orders it: no replicates to count);
+- its validation images: per image the ridge and retrieval confusion matrices and ``image_record``'s terms (for the
+  first ``attn_images`` with every block's attention); the patch features are kept for overclustering
+  (``probes.overcluster``, K = the number of classes, Hungarian matching, one faiss k-means per probe seed);
 - the classification set: the [CLS] k-NN (k = 20, T = 0.07, ``tokenmix.knn``), per test image.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from datamodules.datamodule_base import dense_collate
+from datamodules.transforms.views import normalize
 from probes import retrieval as hb
-from probes.features import normalize_images
 from probes.matching import confusion, hungarian, matched_miou
 from probes.overcluster import ClusterSettings, overcluster
 from probes.ridge import RidgeSegProbe
 from probes.seg_metric import confmat_scores
-from tokenmix.attention_stats import attention_stats
-from tokenmix.diffusion import boxes_patch_mask, cls_patch_cosine, effective_rank_from_gram, mask_boxes
+from tokenmix.dense_measures import ATTENTION_TERMS, BY_KEY, image_record, sums_of
 from tokenmix.knn import knn_classify
-
-from .patch_score import patch_scores, pib_hits
 
 KNN_K, KNN_T = 20, 0.07  # DINO eval_knn's headline
 
 
 @dataclass(frozen=True)
-class EvalSettings:
+class ProbeSettings:
+    """The probes of one calibration evaluation."""
     num_classes: int
     seeds: int = 5                 # probe seeds (retrieval memory sampling, k-means init)
     ridge_lambda: float = 1e-2
@@ -58,40 +54,21 @@ class Evaluation:
     ridge_cm: torch.Tensor                 # (n, K, K) long
     retrieval_cm: torch.Tensor             # (S, n, K, K) long, per probe seed (S = 1: the memory holds every patch)
     overcluster_miou: list[float]          # per probe seed, %
-    cosine: torch.Tensor                   # (n,) mean cos(patch, [CLS])
-    grams: torch.Tensor                    # (n, D, D) float32 per-image Gram of the patch features
-    gram: torch.Tensor                     # (D, D) float64, their exact sum
-    pib_hit: torch.Tensor                  # (n,) bool
-    has_box: torch.Tensor                  # (n,) bool
-    spread: torch.Tensor                   # (n,) std over the patches of the Patch Score cos([CLS], patch)
-    entropy: torch.Tensor                  # (m,) attention images: mean row entropy (nats) of the dialed blocks
-    zero_share: torch.Tensor               # (m,)
+    val: dict[str, torch.Tensor]           # image_record's terms of the n validation images
+    attn: dict[str, torch.Tensor]          # its attention terms of the first attn_images
     knn_correct: Optional[torch.Tensor] = None  # (t,) bool, [CLS] k-NN on the classification set
 
 
-def forward(model, images: torch.Tensor, device: str, record: Sequence[int] = ()):
-    """Last block's [CLS] (B, D), patches (B, N, D), patch grid (B, D, h, w) and the attention weights of blocks
-    ``record`` (one forward; recording takes the attention layer's explicit lines, equal to rounding)."""
-    x = normalize_images(images.to(device))
-    layers = [model.blocks[i].attn for i in record]
-    for a in layers:
-        a.record = True
-    try:
-        o = model.extract(x, n_last_blocks=1)[-1]
-        attns = [a.last_attn.float().cpu() for a in layers]
-    finally:
-        for a in layers:
-            a.record, a.last_attn = False, None
-    h, w = model.grid_size(x)
-    B, N, D = o["patch"].shape
-    return o["cls"].float().cpu(), o["patch"].float().cpu(), o["patch"].transpose(1, 2).reshape(B, D, h, w), attns
+def forward(model, images: torch.Tensor, device: str, record=()):
+    """``TokenMixViT.forward_record`` of the normalised ``images``."""
+    return model.forward_record(normalize(images.to(device)), record)
 
 
 def _loader(ds, bs: int) -> DataLoader:
     return DataLoader(ds, batch_size=bs, shuffle=False, collate_fn=dense_collate)
 
 
-def _train_pass(model, dm, s: EvalSettings):
+def _train_pass(model, dm, s: ProbeSettings):
     """Ridge solution and one retrieval memory per probe seed (one for all when every patch fits the memory),
     from the training images."""
     probe, C = RidgeSegProbe(s.num_classes, s.ridge_lambda), s.num_classes
@@ -116,32 +93,14 @@ def _train_pass(model, dm, s: EvalSettings):
     return probe, memories
 
 
-def _image_diffusion(cls, patch, masks, grid) -> tuple[list, list, list, list]:
-    """Per image: cos(patch, [CLS]), PiB hit, has a box, Patch Score spread (std over its patches)."""
-    boxes = [boxes_patch_mask(mask_boxes(m), tuple(grid), (m.shape[-2] / grid[0], m.shape[-1] / grid[1]))
-             for m in masks]
-    box = torch.stack(boxes)
-    scores = patch_scores(cls, patch)
-    hits = pib_hits(scores, box)
-    return cls_patch_cosine(cls, patch).tolist(), hits.tolist(), box.any(1).tolist(), scores.std(1).tolist()
-
-
-def _attention_means(attns: list[torch.Tensor], j: int) -> tuple[float, float]:
-    per = [attention_stats(a[j:j + 1]) for a in attns]
-    ent = torch.stack([p["entropy"].double().mean() for p in per]).mean().item()
-    zero = torch.stack([p["zero_share"].double().mean() for p in per]).mean().item()
-    return ent, zero
-
-
-def seg_evaluation(model, dm, s: EvalSettings, attn_blocks: Sequence[int]) -> Evaluation:
-    """Both segmentation passes (module docstring); ``attn_blocks``: the blocks whose attention is measured."""
+def seg_evaluation(model, dm, s: ProbeSettings) -> Evaluation:
+    """Both segmentation passes (module docstring)."""
     probe, memories = _train_pass(model, dm, s)
-    C, out = s.num_classes, {k: [] for k in ("ridge", "ret", "cos", "gram", "hit", "box", "spread", "ent", "zero",
-                                             "feats", "masks")}
+    C, out = s.num_classes, {k: [] for k in ("ridge", "ret", "val", "attn", "feats", "masks")}
     seen = 0
     for batch in _loader(dm.val_set, s.batch_size):
-        record = attn_blocks if seen < s.attn_images else ()
-        cls, patch, grid, attns = forward(model, batch["image"], s.device, record)
+        n_attn = max(0, min(len(batch["image"]), s.attn_images - seen))
+        cls, patch, grid, attns = forward(model, batch["image"], s.device, range(model.depth) if n_attn else ())
         masks = batch["mask"] if isinstance(batch["mask"], list) else list(batch["mask"])
         logits = probe.logits(grid)
         for j, gt in enumerate(masks):
@@ -149,21 +108,17 @@ def seg_evaluation(model, dm, s: EvalSettings, attn_blocks: Sequence[int]) -> Ev
             out["ridge"].append(confusion(gt, up.argmax(1)[0], C, C))
             out["ret"].append(torch.stack([hb.confusion_of(grid[j:j + 1].float(), [gt], mf, my, C)
                                            for mf, my in memories]))
-            pd = patch[j].double()
-            out["gram"].append(pd.T @ pd)
-            if seen + j < s.attn_images and attns:
-                ent, zero = _attention_means(attns, j)
-                out["ent"].append(ent), out["zero"].append(zero)
-        for k, v in zip(("cos", "hit", "box", "spread"), _image_diffusion(cls, patch, masks, grid.shape[-2:])):
-            out[k] += v
+        out["val"].append(image_record(cls, patch, masks, grid.shape[-2:]))
+        if n_attn:
+            rec = image_record(cls[:n_attn], patch[:n_attn], masks[:n_attn], grid.shape[-2:],
+                               [a[:n_attn] for a in attns])
+            out["attn"].append({k: rec[k] for k in ATTENTION_TERMS})
         out["feats"].append(grid.float().cpu())
         out["masks"] += [torch.as_tensor(m) for m in masks]
         seen += len(masks)
     oc = _overcluster(torch.cat(out["feats"]), out["masks"], C, s.seeds)
-    grams = torch.stack(out["gram"])
-    return Evaluation(torch.stack(out["ridge"]), torch.stack(out["ret"], 1), oc, torch.tensor(out["cos"]),
-                      grams.float(), grams.sum(0), torch.tensor(out["hit"]), torch.tensor(out["box"]),
-                      torch.tensor(out["spread"]), torch.tensor(out["ent"]), torch.tensor(out["zero"]))
+    cat = lambda recs: {k: torch.cat([r[k] for r in recs]) for k in (recs[0] if recs else {})}  # noqa: E731
+    return Evaluation(torch.stack(out["ridge"]), torch.stack(out["ret"], 1), oc, cat(out["val"]), cat(out["attn"]))
 
 
 def _overcluster(feats: torch.Tensor, masks: list[torch.Tensor], C: int, seeds: int) -> list[float]:
@@ -176,12 +131,12 @@ def _overcluster(feats: torch.Tensor, masks: list[torch.Tensor], C: int, seeds: 
     return [100 * v for v in overcluster(feats, m, C, [C], ClusterSettings(seeds=seeds))[C]["seeds"]]
 
 
-def knn_evaluation(model, dm, s: EvalSettings) -> torch.Tensor:
+def knn_evaluation(model, dm, s: ProbeSettings) -> torch.Tensor:
     """(t,) bool: is each test image's weighted k-NN label (over the training [CLS] tokens) right?"""
     def feats(ds):
         f, y = [], []
         for batch in _loader(ds, 4 * s.batch_size):
-            f.append(forward(model, batch["image"], s.device)[0])
+            f.append(forward(model, batch["image"], s.device)[0].float().cpu())
             y.append(torch.as_tensor(batch["label"]))
         return torch.cat(f), torch.cat(y).long()
 
@@ -192,52 +147,52 @@ def knn_evaluation(model, dm, s: EvalSettings) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- the measures of an evaluation
 
-def _ridge_miou(cm: torch.Tensor) -> float:
-    """The ridge probe's mIoU (mmseg's, classes with an empty union left out) of the counts ``cm``."""
-    return 100 * confmat_scores(cm.long())["mIoU"].item()
-
-
-def _matched(cm: torch.Tensor) -> float:
-    return 100 * matched_miou(cm, hungarian(cm))["mIoU"]
-
-
-def _pib(ev: Evaluation, idx, seed: int = 0) -> float:
-    hit, box = _sel(ev.pib_hit, idx), _sel(ev.has_box, idx)
-    return 100 * (hit & box).sum().item() / max(1, box.sum().item())
-
-
 def _sel(t: torch.Tensor, idx: Optional[torch.Tensor]) -> torch.Tensor:
     return t if idx is None else t[idx]
 
 
-# measure -> (evaluation, image resample or None, probe seed) -> value; which resample a measure takes: RESAMPLED_BY
-MEASURE_FNS = {
-    "ridge_mIoU": lambda ev, i, s: _ridge_miou(_sel(ev.ridge_cm, i).sum(0)),
-    "retrieval_mIoU": lambda ev, i, s: _matched(_sel(ev.retrieval_cm[min(s, len(ev.retrieval_cm) - 1)], i).sum(0)),
-    "overcluster_mIoU": lambda ev, i, s: ev.overcluster_miou[s],
-    "pib": _pib,
-    "patch_score_spread": lambda ev, i, s: _sel(ev.spread, i).mean().item(),
-    "cls_patch_cosine": lambda ev, i, s: _sel(ev.cosine, i).mean().item(),
-    "effective_rank": lambda ev, i, s: effective_rank_from_gram(ev.gram if i is None else ev.grams[i].double().sum(0)),
-    "attn_entropy": lambda ev, i, s: _sel(ev.entropy, i).mean().item(),
-    "attn_zero_share": lambda ev, i, s: _sel(ev.zero_share, i).mean().item(),
+def _ridge(stat: str):
+    return lambda ev, i, s: 100 * confmat_scores(_sel(ev.ridge_cm, i).sum(0).long())[stat].item()
+
+
+def _retrieval(ev: Evaluation, i, s: int) -> float:
+    cm = _sel(ev.retrieval_cm[s], i).sum(0)
+    return 100 * matched_miou(cm, hungarian(cm))["mIoU"]
+
+
+# the probe measures: (evaluation, image resample or None, probe seed) -> value; the others: their registry value
+PROBE_VALUES = {
+    "dense_mIoU": _ridge("mIoU"), "dense_aAcc": _ridge("aAcc"), "dense_mAcc": _ridge("mAcc"),
+    "dense_retrieval_mIoU": _retrieval,
+    "dense_overcluster_mIoU": lambda ev, i, s: ev.overcluster_miou[s],
     "knn_top1": lambda ev, i, s: 100 * _sel(ev.knn_correct, i).float().mean().item(),
 }
-# the images a measure's bootstrap resamples: "val" segmentation images, "attn" (the first attn_images), "knn"
-RESAMPLED_BY = {"attn_entropy": "attn", "attn_zero_share": "attn", "knn_top1": "knn"}
 
 
-def n_resampled(ev: Evaluation, key: str) -> int:
-    by = RESAMPLED_BY.get(key, "val")
-    if by == "attn":
-        return len(ev.entropy)
+def value(ev: Evaluation, key: str, idx: Optional[torch.Tensor] = None, seed: int = 0) -> float:
+    """Measure ``key`` of ``ev`` on a resample ``idx`` of the images it reads (None: as measured), probe seed
+    ``seed``."""
+    if key in PROBE_VALUES:
+        return float(PROBE_VALUES[key](ev, idx, seed))
+    m = BY_KEY[key]
+    return float(m.value(sums_of(ev.attn if m.images == "attn" else ev.val, idx)))
+
+
+def images_of(ev: Evaluation, key: str) -> int:
+    """How many images a resample of ``key`` draws (0: none, its only replicates are probe seeds)."""
+    by = BY_KEY[key].images
+    if key == "dense_overcluster_mIoU":
+        return 0
     if by == "knn":
         return 0 if ev.knn_correct is None else len(ev.knn_correct)
-    return len(ev.cosine)
+    return len(next(iter((ev.attn if by == "attn" else ev.val).values()), []))
 
 
-def measures(ev: Evaluation, keys=None, idx: Optional[torch.Tensor] = None, seed: int = 0) -> dict[str, float]:
-    """The measures ``keys`` (default: every one ``ev`` has) of ``ev``, on a resample ``idx`` of the images each
-    one reads (``RESAMPLED_BY``; None: as measured) with probe seed ``seed``."""
-    keys = [k for k in MEASURE_FNS if k != "knn_top1" or ev.knn_correct is not None] if keys is None else keys
-    return {k: float(MEASURE_FNS[k](ev, idx, seed)) for k in keys}
+def seeds_of(ev: Evaluation, key: str) -> int:
+    """Real probe seeds of ``key`` (1 where the probe draws nothing or one memory serves every seed)."""
+    return {"dense_retrieval_mIoU": len(ev.retrieval_cm), "dense_overcluster_mIoU": len(ev.overcluster_miou)}.get(key, 1)
+
+
+def keys_of(ev: Evaluation) -> list[str]:
+    """The measures ``ev`` has, in registry order."""
+    return [k for k in BY_KEY if (k != "knn_top1" or ev.knn_correct is not None) and (BY_KEY[k].images != "attn" or ev.attn)]

@@ -22,13 +22,13 @@ from .tasks import (extract_attention, extract_norms, extract_pca, extract_pib, 
 from .votes import check_votes, extract_votes, finish_votes
 
 
-def _own_cli(*_args, **_kw):
-    raise RuntimeError("this analysis runs through its own command line (Analysis.cli), not the two stages")
+def _no_stage(*_args, **_kw):
+    raise RuntimeError("this analysis runs as one stage (Analysis.dense), not extract + finish")
 
 
-def calibration_main(argv=None) -> dict:
-    from .calibration import main  # imported on use: it pulls in the probes
-    return main(argv)
+def calibration(model, cfg, run) -> dict:
+    from .calibration import run as run_calibration  # imported on use: it pulls in the probes
+    return run_calibration(model, cfg, run)
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ class Analysis:
     needs_boxes: bool = False
     voc_image_set: Optional[str] = None  # VOC image set used unless --image-set (None: the loader's default)
     check: Optional[Callable] = None  # (model) -> None, raises before any process is spawned
-    cli: Optional[Callable] = None  # (argv) -> results: an analysis with a command line of its own (calibration)
+    dense: Optional[Callable] = None  # (model, AnalysisConfig, AnalysisRun) -> metrics: one stage on the probes'
+    # labelled data instead of extract + finish on open_dataset's samples (calibration), one process
 
     def runner(self, model, samples, run, opts) -> dict:
         """Both stages in this process."""
@@ -64,15 +65,14 @@ ANALYSES: dict[str, Analysis] = {a.name: a for a in [
              voc_image_set="Main"),
     Analysis("votes", extract_votes, finish_votes, "share_of_votes_in_box", needs_boxes=True,
              check=check_votes),  # LaSt-ViT vote maps
-    # the diffusion dial swept over every dense measure (analysis/calibration.py: its own flags and passes)
-    Analysis("calibration", _own_cli, _own_cli, "measures", split="train+val", cli=calibration_main),
+    # the diffusion dial's doses against every dense measure (analysis/calibration.py)
+    Analysis("calibration", _no_stage, _no_stage, "smallest_doses", split="train+val", dense=calibration),
 ]}
-TASKS = tuple(n for n, a in ANALYSES.items() if a.cli is None)  # the two-stage analyses (extract, finish)
-OWN_CLI_TASKS = tuple(n for n, a in ANALYSES.items() if a.cli is not None)  # calibration
+TASKS = tuple(ANALYSES)
 
 
 def get_analysis(name: str) -> Analysis:
     if name not in ANALYSES:
-        raise SystemExit(f"unknown or missing --task '{name}'. Valid tasks: {', '.join(TASKS + OWN_CLI_TASKS)} "
+        raise SystemExit(f"unknown or missing --task '{name}'. Valid tasks: {', '.join(TASKS)} "
                          "(e.g. make analyze TASK=pib VARIANT=entmax)")
     return ANALYSES[name]

@@ -1,4 +1,5 @@
-"""``make analyze TASK=<pib|pca|norms|attention|corloc|votes> [VARIANT=... | CKPT=...] [DATA=... DATA_ROOT=...]``.
+"""``make analyze TASK=<pib|pca|norms|attention|corloc|votes|calibration> [VARIANT=... | CKPT=...] [DATA=...
+DATA_ROOT=...] [DIAL=...]``.
 
 Loads the backbone (CKPT, else the latest pretraining checkpoint of VARIANT; ``random`` = an untrained ViT),
 runs one analysis (``analysis.registry``) and writes ``runs/<variant>/analysis/<task>/version_N/{*.png,
@@ -22,6 +23,7 @@ from tokenmix.launch import global_rank
 from tokenmix.precision import device_line
 from tokenmix.results import backbone_entry
 
+from .calibration import CalibrationConfig, add_arguments, config_from
 from .data import default_resize, iter_samples, open_dataset
 from .output import AnalysisRun
 from .registry import TASKS, Analysis, get_analysis
@@ -52,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k-patches", type=int, default=100)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--no-tensorboard", action="store_true")
+    add_arguments(p)
     return p
 
 
@@ -72,6 +75,7 @@ class AnalysisConfig:
     tensorboard: bool
     options: Options            # crop / resize 0: the backbone's (``options``)
     record: dict[str, Any]      # the resolved flags, as results.json's config records them
+    calibration: Optional[CalibrationConfig] = None  # --task calibration's doses, dial and probes
 
 
 def dataset_kw(f: argparse.Namespace, a: Analysis, data: str) -> dict[str, str]:
@@ -95,6 +99,8 @@ def make_config(f: argparse.Namespace) -> AnalysisConfig:
     b = ev.backbone
     if b.ckpt == "pixels":
         raise ValueError("--ckpt pixels: the analyses need a ViT (tokens, attention); use a checkpoint or 'random'")
+    if a.dense is not None and (str(ev.launch.devices).strip() != "1" or ev.launch.num_nodes != 1):
+        raise ValueError(f"--task {a.name} runs in one process: leave --devices and --num-nodes at 1")
     opts = Options(crop=f.crop, resize=f.resize, batch_size=f.batch_size, num_vis=f.num_vis,
                    fg_threshold=f.fg_threshold, lost_features=f.lost_features, k_patches=f.k_patches, device=f.device,
                    pib_subset=f.pib_subset or ("single_small" if ev.data == "imagenet" else "all"),
@@ -104,7 +110,7 @@ def make_config(f: argparse.Namespace) -> AnalysisConfig:
     return AnalysisConfig(a, b, checkpoint_path(b.ckpt, b.variant), f.seed, ev.data, ev.data_root,
                           f.split or a.split, dataset_kw(f, a, ev.data),
                           a.max_images if f.max_images < 0 else f.max_images, f.name, ev.launch,
-                          not f.no_tensorboard, opts, record)
+                          not f.no_tensorboard, opts, record, config_from(f) if a.dense is not None else None)
 
 
 def parse_args(argv=None) -> AnalysisConfig:
@@ -120,9 +126,6 @@ def options(opts: Options, model) -> Options:
 
 def main(argv=None) -> dict:
     from probes.trainer import lightning_console
-    own = get_analysis(build_parser().parse_known_args(argv)[0].task.strip()).cli
-    if own is not None:  # an analysis with flags of its own (calibration: analysis/calibration.py)
-        return own(argv)
     cfg = parse_args(argv)
     with lightning_console():  # Lightning's banner once, no advertisements
         return run(cfg)
@@ -135,7 +138,8 @@ def run(cfg: AnalysisConfig) -> dict:
     world = world_size(cfg.launch)
     # a wrong CKPT failed in parse_args, before the data is opened (or generated); a wrong DATA_ROOT fails here,
     # before a large checkpoint is read
-    dataset = open_dataset(cfg.data, cfg.data_root, cfg.split, boxes=a.needs_boxes, **cfg.dataset_kw)
+    dataset = None if a.dense else open_dataset(cfg.data, cfg.data_root, cfg.split, boxes=a.needs_boxes,
+                                                **cfg.dataset_kw)
     info = resolve_backbone(b.ckpt, b.variant, b.arch, 16, seed=cfg.seed, which=b.which.value, path=cfg.checkpoint)
     if a.check is not None:
         a.check(info.model)
@@ -151,7 +155,7 @@ def run(cfg: AnalysisConfig) -> dict:
         return {}  # not rank 0: it took part in the extraction; rank 0 computes and writes
     run = AnalysisRun(label, a.name, tensorboard=cfg.tensorboard)
     try:
-        numbers = (a.finish(model, records, run, opts) if records is not None
+        numbers = (a.dense(model, cfg, run) if a.dense else a.finish(model, records, run, opts) if records is not None
                    else a.runner(model, iter_samples(dataset, cfg.max_images), run, opts))
         config = {**cfg.record, "split": cfg.split, "max_images": cfg.max_images, "crop": opts.crop,
                   "resize": opts.resize, "interpolation": opts.interpolation, "data_root": cfg.data_root or None}

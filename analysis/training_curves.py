@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-# tag -> (title, lower is better, the calibration measure whose noise band applies)
-MEASURES = {
-    "knn/top1": ("k-NN top-1 (%)", False, "knn_top1"),
-    "dense/mIoU": ("ridge dense mIoU", False, "ridge_mIoU"),
-    "dense/retrieval_mIoU": ("retrieval dense mIoU", False, "retrieval_mIoU"),
-    "diffusion/effective_rank": ("effective rank", False, "effective_rank"),
-    "diffusion/cls_patch_cosine": ("cos(patch, [CLS]) ↓", True, "cls_patch_cosine"),
-    "diffusion/pib_cls": ("PiB [CLS] (%)", False, "pib"),
-}
+from tokenmix.dense_measures import BY_KEY, Direction
+
+# tag -> (title, lower is better, the calibration measure whose noise band applies): the dense measures' registry
+# keys (tokenmix.dense_measures), which are their TensorBoard tags too, and KNNCheck's tag
+MEASURES = {"knn/top1": ("k-NN top-1 (%)", False, "knn_top1"),
+            **{k: (BY_KEY[k].label + (" (%)" if BY_KEY[k].unit == "%" else "")
+                   + (" ↓" if BY_KEY[k].direction is Direction.UP else ""), BY_KEY[k].direction is Direction.UP, k)
+               for k in ("dense_mIoU", "dense_retrieval_mIoU", "diffusion_effective_rank",
+                         "diffusion_cls_patch_cosine", "diffusion_pib_cls")}}
 
 
 @dataclass(frozen=True)

@@ -1,69 +1,52 @@
-"""The diffusion dial: a positive control for every dense measure. It adds indiscriminate token mixing to a fixed
-backbone, in its last blocks only, and changes nothing else (no weight, token or other block is touched). Two
-modes (``Mode``), both ``a`` in [0, 1]:
+"""The diffusion dial: a known dose of each paper's mechanism added to a fixed backbone, in its last blocks only (no
+weight is touched), so that every dense measure can be asked whether it sees that dose. ``a`` in [0, 1]; ``x``:
+the residual stream (B, T, D) at the input of each chosen block; [CLS] = token 0, registers = tokens 1 .. P - 1.
 
-- ``attention``: in each chosen block every attention row P (over the N keys: [CLS], registers, patches) is mixed
-  with the uniform row, ``P' = (1 - a) * P + a / N``, so a token's attention output becomes
-  ``(1 - a) * (P v) + a * mean(v)``: a share ``a`` of every token's update is the image-wide average of the values,
-  whatever the token's content or position;
-- ``tokens``: the residual stream itself is mixed at the input of each chosen block,
-  ``x_i' = (1 - a) * x_i + a * mean_j(x_j)`` (j over every token): a share ``a`` of each token *is* the image-wide
-  average. This one acts whatever the attention already does: on a barely trained backbone, whose attention rows
-  are near-uniform already, ``attention`` has nothing left to flatten (a tiny test run: entropy 4.171 of log N =
-  4.174 nats; the demo checkpoint after 50 steps: 5.5473 of 5.5491, docs/calibration.md), while ``tokens`` still
-  dilutes every patch. ``make analyze TASK=calibration`` uses ``tokens`` unless told otherwise.
+- ``semantic`` models the entmax paper's semantic diffusion, "global semantics spread through patch tokens beyond
+  what is locally justified" (docs/REFERENCE.md, paper A): every patch row becomes ``x_i + a ‖x_i‖ ĉ``, ĉ the unit
+  [CLS] vector of that image at that block. Each patch keeps its own content (at a = 1 it is half its own vector,
+  half the global direction at its own norm); [CLS] and registers are left alone.
+- ``lazy`` models LaSt-ViT's lazy aggregation, "the model uses background patches as a shortcut for global
+  semantics" (paper B): the ``k`` patches with the lowest Patch Score (cos([CLS], x_i) at the block input: the
+  patches least like the image's global vector, "background" without labels) become
+  ``(1 - a) x_j + a LAZY_NORM m ĉ`` (m: the image's mean patch norm: high-norm copies of the global vector), and
+  [CLS]'s attention logits towards them get ``+ a ln N`` (N keys: at a = 1 each planted key's weight is multiplied
+  by N before normalising).
+- ``tokens``: a deletion, not a diffusion: every patch row becomes ``(1 - a) x_i + a mean_j(x_j)`` (j over the
+  patches; [CLS] and registers left alone). At a = 1 all patches are one vector: local content is gone, and every
+  measure of local content hits its floor by construction.
 
-Why this models semantic diffusion (the entmax paper: global semantics spread through the patch tokens beyond what
-is locally justified): ``mean(v)`` is a global, image-level summary, and the dial pours it into every patch token in
-proportion ``a``, regardless of whether the patch's own content supports it. Patch tokens drift towards one shared
-vector (cos(patch, [CLS]) up, effective rank down), local evidence is diluted (dense probes down, Point-in-Box
-towards chance), and the attention rows lose their structure (entropy up to log N at a = 1; no exact zeros left,
-also for entmax-1.5). It acts in the last blocks because that is where the papers see the degradation and what the
-dense probes read; rows are row-stochastic for any ``a``, so it is a valid attention for every normaliser. The
-``tokens`` mode is the same dilution one step further: in the features themselves rather than in their update.
+Each dial records its manipulation check, the dose actually applied (``Dial.check``): semantic, the mean
+cos(x_i, ĉ) of the patch rows before and after; lazy, [CLS]'s attention mass on the planted patches without and with
+the bias (mean over the dialed blocks, heads and images); tokens, the mean cos(x_i, mean patch) before and after.
 
-Works on every backbone the probes and analyses load (``probes.backbone.resolve_backbone``: this project's
-checkpoints, official DINO, DINOv2 with or without registers, timm / DeiT / MAE files, LaSt-ViT): all are built as
-``backbones.vit.TokenMixViT``, whose blocks' ``attn`` is a ``TokenMixAttention``. The dial wraps the attention
-layer's normaliser (``backbones.normalizers``; softmax included), so the layer takes its explicit lines
-``attn = normalizer(q kᵀ · scale); x = attn @ v`` (``backbones/attention.py``): the fused SDPA / entmax kernels are
-left for those blocks while the dial is on, and ``model.attention_maps`` records the mixed rows. The ``tokens`` mode
-is a forward pre-hook on the chosen blocks (a watched block runs timm's full path: every token, every sample).
-
-At ``a = 0`` nothing is wrapped: the forward is bitwise the unmodified one (tests/test_diffusion_dial.py).
-
-    >>> import torch
-    >>> from backbones import create_vit
-    >>> m = create_vit("vit_test_patch8", "entmax", seed=0).eval()
-    >>> with diffusion_dial(m, 1.0, blocks=1):
-    ...     p = m.attention_maps(torch.randn(1, 3, 32, 32))[-1]
-    >>> bool(torch.allclose(p, torch.full_like(p, 1 / p.shape[-1])))
-    True
+Works on every backbone the probes and analyses load (all built as ``backbones.vit.TokenMixViT``). The dial is a
+forward pre-hook on the chosen blocks; ``lazy`` also wraps the attention layer's normaliser (softmax included), so
+those blocks take the explicit lines ``attn = normalizer(q kᵀ · scale)``. At ``a = 0`` nothing is hooked or wrapped:
+the forward is bitwise the unmodified one (tests/test_diffusion_dial.py).
 """
 from __future__ import annotations
 
 import math
 from contextlib import contextmanager
 from enum import Enum
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 import torch
+import torch.nn.functional as F
 
 from .attention import TokenMixAttention
 
-__all__ = ["Mode", "Rows", "default_blocks", "dialed_blocks", "diffusion_dial", "mix_tokens", "mix_uniform"]
+__all__ = ["Mode", "Dial", "LAZY_NORM", "LAZY_K", "default_blocks", "dialed_blocks", "diffusion_dial",
+           "semantic_rows", "lazy_rows", "mix_tokens"]
+
+LAZY_NORM, LAZY_K = 4.0, 4  # planted norm = 4 x the mean patch norm (high-norm tokens); 4 planted patches
 
 
 class Mode(str, Enum):
-    """Where the dial mixes (module docstring)."""
-    ATTENTION = "attention"  # each attention row with the uniform row
-    TOKENS = "tokens"        # each block input token with the mean token
-
-
-class Rows(str, Enum):
-    """Which query rows the dial mixes."""
-    ALL = "all"      # every token's row ([CLS], registers, patches): the formula as stated
-    PATCH = "patch"  # the patch tokens' rows only: [CLS] and registers keep their own attention
+    SEMANTIC = "semantic"
+    LAZY = "lazy"
+    TOKENS = "tokens"
 
 
 def default_blocks(depth: int) -> int:
@@ -79,79 +62,127 @@ def dialed_blocks(depth: int, blocks: Optional[int] = None) -> list[int]:
     return list(range(depth - n, depth))
 
 
-def mix_uniform(p: torch.Tensor, a: float, first_row: int = 0) -> torch.Tensor:
-    """``(1 - a) * p + a / N`` on the query rows from ``first_row`` on of (..., rows, N) attention weights."""
-    n = p.shape[-1]
-    mixed = (1.0 - a) * p + a / n
-    if first_row <= 0:
-        return mixed
-    return torch.cat([p[..., :first_row, :], mixed[..., first_row:, :]], dim=-2)
+def _unit_cls(x: torch.Tensor) -> torch.Tensor:
+    return F.normalize(x[:, :1], dim=-1)  # (B, 1, D)
 
 
-def mix_tokens(x: torch.Tensor, a: float, first_token: int = 0) -> torch.Tensor:
-    """``(1 - a) * x_i + a * mean_j(x_j)`` for the tokens from ``first_token`` on of (B, T, D) ``x`` (the mean over
-    every token)."""
-    mixed = (1.0 - a) * x + a * x.mean(dim=1, keepdim=True)
-    if first_token <= 0:
-        return mixed
-    return torch.cat([x[:, :first_token], mixed[:, first_token:]], dim=1)
+def semantic_rows(x: torch.Tensor, a: float, prefix: int) -> torch.Tensor:
+    """Patch rows ``x_i + a ‖x_i‖ ĉ``; the ``prefix`` tokens ([CLS], registers) unchanged."""
+    p = x[:, prefix:]
+    return torch.cat([x[:, :prefix], p + a * p.norm(dim=-1, keepdim=True) * _unit_cls(x)], dim=1)
 
 
-class _Mixed:
-    """A normaliser (logits -> weights) that mixes the wrapped one's rows with the uniform row. No ``fused_kind``:
-    the attention layer then runs its explicit lines, which call it."""
+def lazy_rows(x: torch.Tensor, a: float, prefix: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x with the ``k`` lowest-Patch-Score patches set to ``(1 - a) x_j + a LAZY_NORM m ĉ``, their token indices
+    (B, k))."""
+    c, p = _unit_cls(x), x[:, prefix:]
+    idx = (F.normalize(p, dim=-1) * c).sum(-1).argsort(dim=1)[:, :k] + prefix  # lowest cos([CLS], x_i)
+    planted = LAZY_NORM * p.norm(dim=-1).mean(1)[:, None, None] * c  # (B, 1, D)
+    out = x.clone()
+    rows = out.gather(1, idx[..., None].expand(-1, -1, x.shape[-1]))
+    out.scatter_(1, idx[..., None].expand(-1, -1, x.shape[-1]), (1 - a) * rows + a * planted)
+    return out, idx
 
-    def __init__(self, inner: Optional[Callable[[torch.Tensor], torch.Tensor]], a: float, first_row: int):
-        self.inner, self.a, self.first_row = inner, float(a), first_row
 
-    def __call__(self, scores: torch.Tensor) -> torch.Tensor:
-        p = scores.softmax(dim=-1) if self.inner is None else self.inner(scores)  # None: softmax (SDPA's maths)
-        return mix_uniform(p, self.a, self.first_row)
+def mix_tokens(x: torch.Tensor, a: float, prefix: int) -> torch.Tensor:
+    """Patch rows ``(1 - a) x_i + a mean_j(x_j)`` (j over the patches); the prefix tokens unchanged."""
+    p = x[:, prefix:]
+    return torch.cat([x[:, :prefix], (1 - a) * p + a * p.mean(1, keepdim=True)], dim=1)
 
 
-def _attention_layers(model: torch.nn.Module, n: Optional[int]) -> tuple[list[int], list[TokenMixAttention]]:
+def _mean_cos(p: torch.Tensor, ref: torch.Tensor) -> float:
+    return F.cosine_similarity(p, ref.expand_as(p), dim=-1).mean().item()
+
+
+class Dial:
+    """The state of one dial inside the ``with``: the dialed blocks and the manipulation check's running means."""
+
+    def __init__(self, mode: Mode, a: float, blocks: list[int], prefix: int, k: int):
+        self.mode, self.a, self.blocks, self.prefix, self.k = mode, a, blocks, prefix, k
+        self.planted: Optional[torch.Tensor] = None  # lazy: token indices planted at the current block
+        self._sums = {"before": 0.0, "after": 0.0, "n": 0}
+
+    def _note(self, before: float, after: float) -> None:
+        self._sums["before"] += before
+        self._sums["after"] += after
+        self._sums["n"] += 1
+
+    def check(self) -> dict:
+        """What was applied (module docstring), as results.json records it."""
+        n = max(self._sums["n"], 1)
+        what = {Mode.SEMANTIC: "mean cos(patch, [CLS] direction) at the dialed blocks' input",
+                Mode.LAZY: "[CLS] attention mass on the planted patches (dialed blocks, heads, images)",
+                Mode.TOKENS: "mean cos(patch, mean patch) at the dialed blocks' input"}[self.mode]
+        return {"measure": what, "without": self._sums["before"] / n, "with": self._sums["after"] / n,
+                "a": self.a, "k": self.k if self.mode is Mode.LAZY else None}
+
+    def pre_hook(self, module, args, kwargs):
+        x, p = args[0], self.prefix
+        if self.mode is Mode.SEMANTIC:
+            y, ref = semantic_rows(x, self.a, p), _unit_cls(x)
+        elif self.mode is Mode.LAZY:
+            y, self.planted = lazy_rows(x, self.a, p, self.k)
+            return (y,) + tuple(args[1:]), kwargs
+        else:
+            y, ref = mix_tokens(x, self.a, p), x[:, p:].mean(1, keepdim=True)
+        self._note(_mean_cos(x[:, p:], ref), _mean_cos(y[:, p:], ref))
+        return (y,) + tuple(args[1:]), kwargs
+
+    def biased(self, inner):
+        """A normaliser: [CLS]'s logits towards the planted keys + a ln N, the mass on them noted."""
+        def normalise(scores: torch.Tensor) -> torch.Tensor:
+            norm = (lambda s: s.softmax(dim=-1)) if inner is None else inner
+            cols = self.planted[:, None, None, :].expand(-1, scores.shape[1], 1, -1)  # (B, heads, 1, k)
+            bias = torch.zeros_like(scores[:, :, :1]).scatter_(-1, cols, self.a * math.log(scores.shape[-1]))
+            out = norm(torch.cat([scores[:, :, :1] + bias, scores[:, :, 1:]], dim=2))
+            self._note(norm(scores[:, :, :1]).gather(-1, cols).sum(-1).mean().item(),
+                       out[:, :, :1].gather(-1, cols).sum(-1).mean().item())
+            return out
+        return normalise
+
+
+def _layers(model: torch.nn.Module, n: Optional[int]) -> list[int]:
     blocks = getattr(model, "blocks", None)
     if blocks is None:
         raise ValueError(f"the diffusion dial needs a ViT with .blocks (a backbones.TokenMixViT, as every checkpoint "
                          f"the probes load is built); got {type(model).__name__} (CKPT=pixels has no attention)")
     idx = dialed_blocks(len(blocks), n)
-    layers = [blocks[i].attn for i in idx]
-    bad = {type(a).__name__ for a in layers if not isinstance(a, TokenMixAttention)}
+    bad = {type(blocks[i].attn).__name__ for i in idx if not isinstance(blocks[i].attn, TokenMixAttention)}
     if bad:
-        raise ValueError(f"the diffusion dial wraps TokenMixAttention's normaliser; blocks {idx} hold {sorted(bad)}. "
+        raise ValueError(f"the diffusion dial needs TokenMixAttention in blocks {idx}, found {sorted(bad)}. "
                          "Build the backbone with backbones.create_vit / load it through probes.backbone.")
-    return idx, layers
+    return idx
 
 
 @contextmanager
-def diffusion_dial(model: torch.nn.Module, a: float, blocks: Optional[int] = None, rows: Rows = Rows.ALL,
-                   mode: Mode = Mode.ATTENTION) -> Iterator[list[int]]:
-    """Inside the ``with``, the last ``blocks`` blocks of ``model`` (default :func:`default_blocks`) mix by ``mode``
-    (``attention``: ``P' = (1 - a) P + a / N``; ``tokens``: ``x' = (1 - a) x + a mean(x)`` at each block's input) on
-    the query / token ``rows``; yields the dialed block indices. ``a = 0``: nothing is changed (the unmodified
-    forward, bitwise). Everything is restored on exit, also after an error."""
-    a = float(a)
+def diffusion_dial(model: torch.nn.Module, a: float, blocks: Optional[int] = None, mode: Mode = Mode.SEMANTIC,
+                   k: int = LAZY_K) -> Iterator[Dial]:
+    """Inside the ``with``, the last ``blocks`` blocks of ``model`` (default :func:`default_blocks`) take dose ``a``
+    of ``mode`` (module docstring); yields the :class:`Dial`. ``a = 0``: nothing is changed (bitwise). Everything
+    is restored on exit, also after an error."""
+    a, mode = float(a), Mode(mode)
     if not (0.0 <= a <= 1.0) or math.isnan(a):
         raise ValueError(f"the diffusion dial's a must be in [0, 1], got {a}")
-    rows, mode = Rows(rows), Mode(mode)
-    idx, layers = _attention_layers(model, blocks)
+    idx = _layers(model, blocks)
+    prefix = getattr(model, "num_prefix_tokens", 1)
+    n_patch = model.patch_embed.num_patches if hasattr(model, "patch_embed") else None
+    if mode is Mode.LAZY and not (1 <= k and (n_patch is None or k <= n_patch)):
+        raise ValueError(f"the lazy dial's k must be in 1..{n_patch} (the patches), got {k}")
+    dial = Dial(mode, a, idx, prefix, k)
     if a == 0.0:
-        yield idx
+        yield dial
         return
-    first = getattr(model, "num_prefix_tokens", 1) if rows is Rows.PATCH else 0
-    saved = [layer.normalizer for layer in layers]
+    attns = [model.blocks[i].attn for i in idx]
+    saved = [layer.normalizer for layer in attns]
     hooks = []
     try:
-        if mode is Mode.ATTENTION:
-            for layer in layers:
-                layer.normalizer = _Mixed(layer.normalizer, a, first)
-        else:
-            hooks = [model.blocks[i].register_forward_pre_hook(
-                lambda m, args, kwargs: ((mix_tokens(args[0], a, first),) + tuple(args[1:]), kwargs), with_kwargs=True)
-                for i in idx]
-        yield idx
+        hooks = [model.blocks[i].register_forward_pre_hook(dial.pre_hook, with_kwargs=True) for i in idx]
+        if mode is Mode.LAZY:
+            for layer in attns:
+                layer.normalizer = dial.biased(layer.normalizer)
+        yield dial
     finally:
         for h in hooks:
             h.remove()
-        for layer, norm in zip(layers, saved):
+        for layer, norm in zip(attns, saved):
             layer.normalizer = norm

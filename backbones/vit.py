@@ -13,9 +13,10 @@ extras are ``reg_token`` and ``*_cls`` specialised parameters.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -198,19 +199,36 @@ class TokenMixViT(VisionTransformer):
                 outs.append(self._split(self.norm(x), last=i == self.depth - 1, votes=votes))
         return outs
 
+    @contextmanager
+    def recording(self, blocks: Sequence[int]) -> Iterator[list]:
+        """Inside the ``with``, the attention layers of ``blocks`` keep their last weights in ``last_attn`` (the
+        explicit attention lines instead of a fused kernel: equal to float rounding); cleared on exit."""
+        attns = [self.blocks[int(i) % self.depth].attn for i in blocks]
+        for a in attns:
+            a.record = True
+        try:
+            yield attns
+        finally:
+            for a in attns:
+                a.record, a.last_attn = False, None
+
+    def forward_record(self, images: torch.Tensor, record: Sequence[int] = ()):
+        """One forward of (normalised) ``images``: the last block's [CLS] (B, D), patches (B, N, D), patch grid
+        (B, D, h, w) and the attention weights (B, heads, T, T) of blocks ``record``: the one path of every dense
+        measure (``tokenmix.dense_measures``)."""
+        with self.recording(record) as attns:
+            o = self.extract(images, n_last_blocks=1)[-1]
+            weights = [a.last_attn for a in attns]
+        (h, w), (B, N, D) = self.grid_size(images), o["patch"].shape
+        return o["cls"], o["patch"], o["patch"].transpose(1, 2).reshape(B, D, h, w), weights
+
     @torch.no_grad()
     def attention_maps(self, images: torch.Tensor, blocks: Optional[Sequence[int]] = None) -> list[torch.Tensor]:
         """Attention probabilities (B, heads, T, T) of the chosen blocks (all by default)."""
         take = range(self.depth) if blocks is None else sorted({int(b) % self.depth for b in blocks})
-        attns = [self.blocks[i].attn for i in take]
-        for a in attns:
-            a.record = True
-        try:
+        with self.recording(take) as attns:
             self.forward_features(images)
             return [a.last_attn for a in attns]
-        finally:
-            for a in attns:
-                a.record, a.last_attn = False, None
 
     def get_last_selfattention(self, images: torch.Tensor) -> torch.Tensor:
         return self.attention_maps(images, blocks=[self.depth - 1])[0]

@@ -99,7 +99,8 @@ def _pib_recomputed(ckpt, data, res):
     return pct(hits), pct(agg_hits), (100 * sum(shares) / len(shares) if shares else None)
 
 
-@pytest.mark.parametrize("task", [t for t in TASKS if t != "votes"])  # votes: lastvit only, below
+@pytest.mark.parametrize("task", [t for t in TASKS if t not in ("votes", "calibration")])  # votes: lastvit only,
+# below; calibration: the probes' labelled data (tests/test_calibration.py)
 def test_every_task_writes_results_and_pngs(setup, task):
     root, data, ckpts = setup
     res = _run(root, data, ckpts["softmax"], task, *(["--no-tensorboard"] if task != "pib" else []))

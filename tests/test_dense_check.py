@@ -38,18 +38,18 @@ def test_pretraining_series_tensorboard_and_the_probe_cli_agree(tmp_path, entmax
     metrics = json.loads(summary.read_text())["metrics"]
     series = metrics["dense_series"]
     # the stated cost: the checks' seconds over the fit's wall time, which is shorter than the whole call
-    spent = sum(p["dense/seconds"] for p in series)
+    spent = sum(p["dense_seconds"] for p in series)
     assert spent / call_wall <= metrics["dense_check_share"] < 1
-    assert all(0 < p["dense/cpu_seconds"] for p in series)
+    assert all(0 < p["dense_cpu_seconds"] for p in series)
     # start, end of epoch 1, end: 3 points, each with every measure
     assert [(p["when"], p["step"], p["epoch"]) for p in series] == [("start", 0, 0), ("epoch", 3, 1), ("end", 6, 2)]
-    keys = ["dense/mIoU", "dense/retrieval_mIoU", "diffusion/pib_cls", "diffusion/cls_patch_cosine",
-            "diffusion/effective_rank", "diffusion/attn_entropy", "diffusion/attn_zero_share"]
+    keys = ["dense_mIoU", "dense_retrieval_mIoU", "diffusion_pib_cls", "diffusion_cls_patch_cosine",
+            "diffusion_effective_rank", "diffusion_attn_entropy", "diffusion_attn_zero_share"]
     for p in series:
         assert all(p[k] is not None for k in keys), p
-        assert 0 <= p["dense/mIoU"] <= 100 and 1 <= p["diffusion/effective_rank"] <= 32  # width 32
-        assert 0 <= p["dense/retrieval_mIoU"] <= 100
-        assert 0 < p["diffusion/attn_entropy"] <= __import__("math").log(17) + 1e-6  # 16 patches + [CLS]
+        assert 0 <= p["dense_mIoU"] <= 100 and 1 <= p["diffusion_effective_rank"] <= 32  # width 32
+        assert 0 <= p["dense_retrieval_mIoU"] <= 100
+        assert 0 < p["diffusion_attn_entropy"] <= __import__("math").log(17) + 1e-6  # 16 patches + [CLS]
     acc = EventAccumulator(str(summary.parent))
     acc.Reload()
     for k in keys:
@@ -63,8 +63,8 @@ def test_pretraining_series_tensorboard_and_the_probe_cli_agree(tmp_path, entmax
                      "--img-size", str(CHECK["img_size"]), "--batch-size", "2", "--runs-dir", str(tmp_path / "probe")])
         m = json.loads(Path(res).read_text())["metrics"]
         assert m["solver"] == "ridge"
-        assert m["mIoU"] == pytest.approx(point["dense/mIoU"], abs=1e-9), ckpt
-        assert m["aAcc"] == pytest.approx(point["dense/aAcc"], abs=1e-9), ckpt
+        assert m["mIoU"] == pytest.approx(point["dense_mIoU"], abs=1e-9), ckpt
+        assert m["aAcc"] == pytest.approx(point["dense_aAcc"], abs=1e-9), ckpt
 
 
 @pytest.mark.timeout(300)
@@ -95,12 +95,12 @@ def test_one_forward_per_image_and_one_collective_for_the_sums(small_voc):
     with torch.no_grad():
         attns = model.attention_maps(normalize_images(imgs))  # (n, heads, T, T) per block
     ent = torch.stack([-(a.double() * a.double().clamp_min(1e-300).log()).sum(-1).mean((1, 2)) for a in attns])
-    assert one["diffusion/attn_entropy"] == pytest.approx(ent.mean().item(), rel=1e-6)
-    assert one["diffusion/attn_zero_share"] == 0.0  # softmax: no exact zeros
+    assert one["diffusion_attn_entropy"] == pytest.approx(ent.mean().item(), rel=1e-6)
+    assert one["diffusion_attn_zero_share"] == 0.0  # softmax: no exact zeros
     two = cb.evaluate(SimpleNamespace(global_rank=0, world_size=2, strategy=strategy), module)
     C = dm.num_classes  # after the probe's reduces: every named sum and the retrieval confusion at once
-    assert calls[-1] == 7 + D * D + C * C and 7 not in calls
-    assert two["diffusion/attn_entropy"] == pytest.approx(ent[:, ::2].mean().item(), rel=1e-6)  # rank 0's shard
+    assert calls[-1] == 8 + D * D + C * C and 8 not in calls
+    assert two["diffusion_attn_entropy"] == pytest.approx(ent[:, ::2].mean().item(), rel=1e-6)  # rank 0's shard
 
 
 @pytest.mark.timeout(60)
@@ -146,7 +146,7 @@ def test_retrieval_series_equals_the_probe_core_on_the_same_features(small_voc):
     cb = DenseProbeCheck(data_root=str(small_voc), **{**CHECK, "retrieval_memory": 15, "retrieval_k": 4})
     dm = cb.datamodule(model.patch_size)
     module = SimpleNamespace(teacher=SimpleNamespace(backbone=model), device=torch.device("cpu"))
-    got = cb.evaluate(SimpleNamespace(global_rank=0, world_size=1), module)["dense/retrieval_mIoU"]
+    got = cb.evaluate(SimpleNamespace(global_rank=0, world_size=1), module)["dense_retrieval_mIoU"]
     features, C = FrozenFeatures(model, FeatureSpec(kind="dense", n_last_blocks=1, with_cls=False)), dm.num_classes
     train = [dm.train_set[i] for i in range(len(dm.train_set))]
     with torch.no_grad():
@@ -213,12 +213,12 @@ def test_two_processes_equal_one(tmp_path, small_voc):
             r = run([sys.executable, __file__, str(out), str(n), str(small_voc)], timeout=500, cwd=REPO, env=env)
             assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
         got[n] = json.loads(out.read_text())
-    assert [p["when"] for p in got[2]] == ["start", "end"] and all("dense/retrieval_mIoU" in p for p in got[2])
+    assert [p["when"] for p in got[2]] == ["start", "end"] and all("dense_retrieval_mIoU" in p for p in got[2])
     for one, two in zip(got[1], got[2]):  # 5 + 5 images: shards of 3 and 2 images
         for k, v in one.items():
             if isinstance(v, str):
                 assert two[k] == v
-            elif k in ("dense/mIoU", "dense/aAcc", "dense/mAcc", "dense/retrieval_mIoU", "diffusion/pib_cls"):  # counts
+            elif k in ("dense_mIoU", "dense_aAcc", "dense_mAcc", "dense_retrieval_mIoU", "diffusion_pib_cls"):  # counts
                 assert two[k] == pytest.approx(v, abs=1e-9), k
             elif not k.endswith("seconds"):  # other batches of float32 forwards: the last bits differ
                 assert two[k] == pytest.approx(v, rel=1e-5), k

@@ -1,55 +1,71 @@
-"""Noise of a measure, and the one rule that says whether a difference is beyond it. Shared by the study's seed
-verdict (``study/stats.py``: Δ between variants against the standard error of Δ over training seeds) and the
-calibration (``analysis/calibration.py``: a measure's response to the diffusion dial against the spread of one
-evaluation of the same checkpoint over probe seeds and over images).
+"""Paired statistics of a measure's change on the same images: the calibration's dosed backbone against the undosed
+one, image by image (``analysis/calibration.py``). The study's statistics over training seeds live elsewhere.
 
-- A difference ``delta`` is *inside noise* when ``|delta| <= NOISE_SIGMAS * sd`` (two standard deviations of the
-  difference's noise, about a 95 % band for a normal error).
-- ``NoiseBand``: the standard deviation of one evaluation of a measure, estimated from replicates of it: the same
-  checkpoint evaluated with different probe seeds (a probe that draws: retrieval memory, k-means init) and/or a
-  bootstrap over the evaluated images (resampled with replacement; any probe, seeded or not). Independent sources
-  add in variance (``combine``).
-- ``verdict``: how a measure answered a change whose sign is known (the dial): it *moves* (beyond the band, in the
-  expected direction), is *blind* (inside the band) or moves the *wrong way*.
+- ``paired_bootstrap``: Δ = stat(dosed) - stat(undosed), recomputed on resamples of the images drawn with
+  replacement (the same resample for both arms, so the spread between images that both share cancels) and, where
+  the measure has probe seeds, on a probe seed drawn per replicate; se = the replicates' sd.
+- ``seed_delta``: a measure without per-image terms (overclustering: one k-means over all images) gets a t interval
+  from its probe seeds' paired differences.
+- The interval is Δ ± z se (z = 1.96, 95 %); with a study's training-seed sd ``s`` (the same measure, two trained
+  models of one recipe) it widens to Δ ± z √(se² + 2 s²): a change between two trained models carries both seeds'
+  noise.
+- Detection: the interval excludes 0 on the expected side. Scaling to N images: se ∝ 1/√n, so a half-width ``h`` at
+  n images is ``h √(n / N)`` at N (the seed term does not shrink).
 
-    >>> inside_noise(0.3, 0.2), inside_noise(0.5, 0.2), inside_noise(1.0, None)
-    (True, False, None)
-    >>> b = noise_band([1.0, 2.0, 3.0], "seeds"); b.sd, b.half_width
-    (1.0, 2.0)
-    >>> verdict(-3.0, b, Direction.DOWN).value, verdict(1.5, b, Direction.UP).value, verdict(3.0, b, Direction.DOWN).value
-    ('moves', 'blind', 'wrong way')
+    >>> d = PairedDelta(-3.0, se=1.0, n=100, replicates=200, source="images")
+    >>> round(d.half_width, 2), d.detected("down"), d.detected("up"), d.against("up")
+    (1.96, True, False, True)
+    >>> round(PairedDelta(-3.0, 1.0, 100, 200, "images", seed_sd=1.0).half_width, 3)  # 1.96 * sqrt(1 + 2)
+    3.395
+    >>> round(d.half_width_at(400), 2)  # 4x the images: half the half-width
+    0.98
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from enum import Enum
+from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
 
-NOISE_SIGMAS = 2.0  # a difference within 2 standard deviations of its noise is not evidence
+Z95 = 1.959964  # two-sided 95 % normal quantile
 
 
-class Direction(str, Enum):
-    """Which way a measure is expected to go as the effect grows."""
-    UP = "up"
-    DOWN = "down"
-    NONE = "none"  # reported beside the others, no expectation (e.g. the [CLS] k-NN)
+@dataclass(frozen=True)
+class PairedDelta:
+    delta: float                    # stat(dosed) - stat(undosed) on all images (mean over probe seeds)
+    se: Optional[float]             # its standard error (bootstrap over images and seeds, or over seeds)
+    n: int                          # images (0: not resampled)
+    replicates: int                 # bootstrap replicates or probe seeds
+    source: str                     # "images", "images+seeds" or "seeds"
+    seed_sd: Optional[float] = None  # a study's training-seed sd of the measure, if given
 
+    @property
+    def half_width(self) -> Optional[float]:
+        return self.half_width_at(self.n)
 
-class Verdict(str, Enum):
-    MOVES = "moves"          # beyond its noise band, in the expected direction
-    BLIND = "blind"          # inside its noise band: it cannot see the effect at this size
-    WRONG_WAY = "wrong way"  # beyond its noise band, against the expected direction
-    REPORTED = "reported"    # no expected direction
+    def half_width_at(self, n: int) -> Optional[float]:
+        """The interval's half-width at ``n`` images (se ∝ 1/√n; the seed term stays)."""
+        if self.se is None:
+            return None
+        se = self.se * math.sqrt(self.n / n) if self.n and n else self.se
+        return Z95 * math.sqrt(se ** 2 + 2 * (self.seed_sd or 0.0) ** 2)
 
+    def detected(self, direction: str) -> bool:
+        """The interval excludes 0 on the side of ``direction`` ("up", "down"; "none": either side)."""
+        h = self.half_width
+        if h is None or abs(self.delta) <= h:
+            return False
+        return direction == "none" or (self.delta > 0) == (direction == "up")
 
-def inside_noise(delta: float, sd: Optional[float]) -> Optional[bool]:
-    """``|delta| <= NOISE_SIGMAS * sd``; None when the noise is unknown (``sd`` None)."""
-    if sd is None:
-        return None
-    return abs(delta) <= NOISE_SIGMAS * sd
+    def against(self, direction: str) -> bool:
+        """The interval excludes 0 on the side opposite to ``direction``."""
+        return direction != "none" and self.detected("down" if direction == "up" else "up")
+
+    def as_dict(self) -> dict:
+        h = self.half_width
+        return {**asdict(self), "lo": None if h is None else self.delta - h, "hi": None if h is None else self.delta + h,
+                "half_width": h}
 
 
 def sample_sd(values: Sequence[float]) -> Optional[float]:
@@ -61,48 +77,25 @@ def sample_sd(values: Sequence[float]) -> Optional[float]:
     return math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
 
 
-@dataclass(frozen=True)
-class NoiseBand:
-    sd: Optional[float]  # standard deviation of one evaluation; None: not estimable (< 2 replicates)
-    n: int               # replicates it was estimated from
-    source: str          # "seeds", "bootstrap" or "seeds+bootstrap"
-
-    @property
-    def half_width(self) -> Optional[float]:
-        return None if self.sd is None else NOISE_SIGMAS * self.sd
-
-    def as_dict(self) -> dict:
-        return {"sd": self.sd, "half_width": self.half_width, "sigmas": NOISE_SIGMAS, "replicates": self.n,
-                "source": self.source}
-
-
-def noise_band(values: Sequence[float], source: str) -> NoiseBand:
-    """The band of replicates ``values`` of one evaluation (probe seeds or bootstrap resamples)."""
-    return NoiseBand(sample_sd(values), len(values), source)
-
-
-def combine(*bands: NoiseBand) -> NoiseBand:
-    """Independent noise sources add in variance; unknown ones are left out (None if all are)."""
-    known = [b for b in bands if b.sd is not None]
-    sd = math.sqrt(math.fsum(b.sd ** 2 for b in known)) if known else None
-    return NoiseBand(sd, min((b.n for b in bands), default=0), "+".join(b.source for b in bands))
-
-
-def bootstrap(n_items: int, stat: Callable[[torch.Tensor], float], replicates: int = 200,
-              seed: int = 0) -> list[float]:
-    """``stat(idx)`` on ``replicates`` resamples of ``range(n_items)`` with replacement (``idx``: (n_items,) long),
-    drawn from a generator seeded with ``seed``: the same resamples on every run."""
-    if n_items < 2:
-        return []
+def paired_bootstrap(n: int, dosed: Callable, undosed: Callable, seeds: int = 1, replicates: int = 200,
+                     seed: int = 0, seed_sd: Optional[float] = None) -> PairedDelta:
+    """Δ of ``dosed(idx, s) - undosed(idx, s)`` (idx: (n,) long image indices or None for all; s: probe seed), its
+    se over ``replicates`` paired resamples of the images (and a probe seed each, with ``seeds`` > 1), drawn from a
+    generator seeded with ``seed``: the same resamples on every run and for every dose."""
+    delta = math.fsum(dosed(None, s) - undosed(None, s) for s in range(seeds)) / seeds
     g = torch.Generator().manual_seed(int(seed))
-    return [float(stat(torch.randint(0, n_items, (n_items,), generator=g))) for _ in range(int(replicates))]
+    reps = []
+    for _ in range(int(replicates) if n >= 2 else 0):
+        idx, s = torch.randint(0, n, (n,), generator=g), int(torch.randint(0, seeds, (1,), generator=g))
+        reps.append(dosed(idx, s) - undosed(idx, s))
+    return PairedDelta(delta, sample_sd(reps), n, len(reps), "images+seeds" if seeds > 1 else "images", seed_sd)
 
 
-def verdict(delta: float, band: NoiseBand, direction: Direction) -> Verdict:
-    """How a measure answered a change of known sign: ``delta`` = value with the effect - value without."""
-    direction = Direction(direction)
-    if direction is Direction.NONE:
-        return Verdict.REPORTED
-    if band.sd is None or inside_noise(delta, band.sd):
-        return Verdict.BLIND  # unknown noise cannot vouch for a response either
-    return Verdict.MOVES if (delta > 0) == (direction is Direction.UP) else Verdict.WRONG_WAY
+def seed_delta(dosed: Sequence[float], undosed: Sequence[float], seed_sd: Optional[float] = None) -> PairedDelta:
+    """Δ and se of the probe seeds' paired differences (no per-image terms): sd / √S, times t(S - 1) / z so that
+    the interval ``Δ ± z se`` is Student's t interval over the S seeds."""
+    from scipy.stats import t
+    diffs = [a - b for a, b in zip(dosed, undosed)]
+    sd, S = sample_sd(diffs), len(diffs)
+    se = None if sd is None else sd / math.sqrt(S) * float(t.ppf(0.975, S - 1)) / Z95
+    return PairedDelta(math.fsum(diffs) / S, se, 0, S, "seeds", seed_sd)

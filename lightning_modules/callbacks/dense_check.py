@@ -5,20 +5,19 @@ At the exact starting weights (before the first step), every ``every_n_epochs`` 
 and at the end, on a small labelled set (``task`` voc / ade20k; the demo VOC scenes for ``data: demo``, else the
 dataset at ``data_root`` or ``$TOKENMIX_DENSE_ROOT``, evenly spaced ``max_samples`` of each split):
 
-- ``dense/mIoU`` (+ aAcc, mAcc): ``probes.ridge`` on the probe protocol's views: the same number as
+- ``dense_mIoU`` (+ aAcc, mAcc): ``probes.ridge`` on the probe protocol's views: the same number as
   ``make probe TASK=voc CKPT=<that checkpoint> ARGS="--solver ridge --max-samples N --ridge-lambda L"``;
-- ``dense/retrieval_mIoU``: dense nearest-neighbour retrieval with no head to fit (``Retrieval``: the Hummingbird
+- ``dense_retrieval_mIoU``: dense nearest-neighbour retrieval with no head to fit (``Retrieval``: the Hummingbird
   core of ``probes.retrieval`` on the same forwards), memory of ``retrieval_memory`` training patches;
-- ``diffusion/pib_cls``: Point-in-Box of the [CLS] token (boxes: each class's extent in the validation masks);
-- ``diffusion/cls_patch_cosine``: mean cosine between the patch tokens and [CLS];
-- ``diffusion/effective_rank``: effective rank of the last block's patch features (Roy & Vetterli);
-- ``diffusion/attn_entropy`` and ``diffusion/attn_zero_share``: mean over blocks, heads and query rows of the
-  attention rows' entropy (nats) and share of exact zeros (0 for softmax; the sparse variants' support), on the
-  first ``attn_images`` validation images.
+- the per-image measures of ``tokenmix.dense_measures`` (Point-in-Box of [CLS] with each class's extent in the
+  validation masks as boxes, Patch Score spread, cos(patch, [CLS]), effective rank, and on the first
+  ``attn_images`` validation images the attention rows' entropy and share of exact zeros over every block).
+
+Keys: the registry's (``tokenmix.dense_measures.MEASURES``), the same as TensorBoard tags and in summary.json.
 
 TensorBoard scalars at each point, and the whole series in summary.json (``RunSummary`` reads ``series``). Under
 DDP each rank takes the shard ``shard_indices`` gives it (as ``KNNCheck``) and every statistic is a sum, added up
-by one all-reduce (``DenseSums``), so every rank gets the numbers one process gets; the retrieval memory is built
+by one all-reduce (``reduce_sums``), so every rank gets the numbers one process gets; the retrieval memory is built
 from the training shards and gathered on every rank (``gather_shards``, as ``make probe KIND=retrieval``). Each
 labelled image goes through the teacher once: the first ``attn_images`` validation images with their attention
 weights recorded (the explicit attention lines instead of the fused kernel, equal to float rounding).
@@ -28,7 +27,6 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 import lightning.pytorch as pl
@@ -39,9 +37,7 @@ from torch.utils.data import DataLoader, Subset
 from datamodules.demo import is_demo
 from lightning_modules.callbacks.periodic import epoch_check_due
 from probes import retrieval as hb
-from tokenmix.attention_stats import attention_stats
-from tokenmix.diffusion import boxes_patch_mask, cls_patch_cosine, effective_rank_from_gram, mask_boxes, pib_hits, \
-    patch_scores
+from tokenmix.dense_measures import ATTENTION_TERMS, MEASURES, Sums, image_record
 
 ROOT_ENV = "TOKENMIX_DENSE_ROOT"
 
@@ -57,69 +53,28 @@ def _eval_mode(model: torch.nn.Module):
 
 
 def _forward(model, images: torch.Tensor, device, record: bool = False):
-    """Last block's [CLS] (B, D), patches (B, N, D), the patch grid (B, D, h, w) (what
-    ``probes.features.FrozenFeatures`` gives the probe CLI: same call, same bits) and, with ``record``, every
-    block's attention weights from the same forward (else None)."""
-    from probes.features import normalize_images
-    x = normalize_images(images.to(device))
-    blocks = [blk.attn for blk in model.blocks] if record else []
-    for a in blocks:
-        a.record = True
-    try:
-        o = model.extract(x, n_last_blocks=1)[-1]
-        attns = [a.last_attn for a in blocks] if record else None
-    finally:
-        for a in blocks:
-            a.record, a.last_attn = False, None
-    h, w = model.grid_size(x)
-    B, N, D = o["patch"].shape
-    return o["cls"], o["patch"], o["patch"].transpose(1, 2).reshape(B, D, h, w), attns
+    """``TokenMixViT.forward_record`` of the probe protocol's normalised ``images`` (what
+    ``probes.features.FrozenFeatures`` gives the probe CLI: same call, same bits), every block recorded if ``record``."""
+    from datamodules.transforms.views import normalize
+    return model.forward_record(normalize(images.to(device)), range(model.depth) if record else ())
 
 
-@dataclass
-class DenseSums:
-    """What a rank adds up over its shard; ``reduced`` sums it over the ranks in one all-reduce."""
-    gram: torch.Tensor          # Σ patchᵀ patch of the last block (D, D), float64: the effective rank
-    confusion: torch.Tensor     # (C, C) retrieval confusion counts (class, retrieved label), float64
-    images: float = 0.0         # validation images
-    pib_hits: float = 0.0       # images with a box whose [CLS] top-scoring patch falls in one (Point-in-Box)
-    box_images: float = 0.0     # images with a box
-    attn_images: float = 0.0    # images whose attention was measured (the first ``attn_images``)
-    cosine: float = 0.0         # Σ over images of the mean cosine(patch, [CLS])
-    entropy: float = 0.0        # Σ over images of the mean attention-row entropy (blocks, heads, rows)
-    zero_share: float = 0.0     # Σ over images of the mean share of exact zeros in the attention rows
+def add_record(sums: Sums, rec: dict[str, torch.Tensor]) -> None:
+    """Add one batch's ``image_record`` terms to ``sums``."""
+    for k, v in rec.items():
+        sums[k] = sums.get(k, 0) + v.sum(0)
 
-    def add_diffusion(self, cls: torch.Tensor, patch: torch.Tensor, masks, grid) -> None:
-        boxes = [boxes_patch_mask(mask_boxes(m), tuple(grid), (m.shape[-2] / grid[0], m.shape[-1] / grid[1]))
-                 for m in masks]
-        has = torch.tensor([b.any().item() for b in boxes])
-        hits = pib_hits(patch_scores(cls, patch), torch.stack(boxes))
-        self.images += len(masks)
-        self.pib_hits += (hits & has).sum().item()
-        self.box_images += has.sum().item()
-        self.cosine += cls_patch_cosine(cls, patch).double().sum().item()
-        pd = patch.double().reshape(-1, patch.shape[-1])
-        self.gram.add_(pd.T @ pd)
 
-    def add_attention(self, attns: list[torch.Tensor]) -> None:
-        """``attns``: each block's (B, heads, T, T) weights of B measured images."""
-        B = attns[0].shape[0]
-        if B == 0:
-            return
-        per = [attention_stats(a) for a in attns]
-        self.attn_images += B
-        self.entropy += B * torch.stack([p["entropy"].double().mean() for p in per]).mean().item()
-        self.zero_share += B * torch.stack([p["zero_share"].double().mean() for p in per]).mean().item()
-
-    def reduced(self, reduce) -> "DenseSums":
-        """The sums over all ranks: the scalars, the Gram and the confusion matrix in one tensor, one ``reduce``."""
-        names = [f.name for f in fields(self) if f.name not in ("gram", "confusion")]
-        flat = torch.cat([torch.tensor([getattr(self, n) for n in names], dtype=torch.float64), self.gram.flatten(),
-                          self.confusion.double().flatten()])
-        s = reduce(flat)
-        g, c = s[len(names):len(names) + self.gram.numel()], s[len(names) + self.gram.numel():]
-        return DenseSums(g.reshape(self.gram.shape), c.reshape(self.confusion.shape),
-                         **{n: float(s[i]) for i, n in enumerate(names)})
+def reduce_sums(sums: Sums, dim: int, reduce) -> Sums:
+    """The sums over all ranks in one ``reduce`` (every term, also one a rank never saw: zeros)."""
+    names = ("images", "box_images", "pib_hits", "cosine", "spread") + ATTENTION_TERMS
+    flat = torch.cat([torch.tensor([float(sums.get(n, 0.0)) for n in names], dtype=torch.float64),
+                      torch.as_tensor(sums.get("gram", torch.zeros(dim, dim)), dtype=torch.float64).flatten(),
+                      sums["confusion"].double().flatten()])
+    s = reduce(flat)
+    g, c = s[len(names):len(names) + dim * dim], s[len(names) + dim * dim:]
+    return {**{n: float(s[i]) for i, n in enumerate(names)}, "gram": g.reshape(dim, dim),
+            "confusion": c.reshape(sums["confusion"].shape)}
 
 
 class Retrieval:
@@ -163,15 +118,12 @@ class Retrieval:
         return 100.0 * matched_miou(cm, hungarian(cm))["mIoU"]
 
 
-def _results(out: dict, s: DenseSums, retrieval: bool, t0: float, c0: float) -> dict[str, float]:
+def _results(out: dict, s: Sums, retrieval: bool, t0: float, c0: float) -> dict[str, float]:
     """One point of the series from the ridge probe's metrics and the reduced sums."""
-    n_img, n_box, n_attn = (max(x, 1.0) for x in (s.images, s.box_images, s.attn_images))
-    return {"dense/mIoU": out["mIoU"], "dense/aAcc": out["aAcc"], "dense/mAcc": out["mAcc"],
-            **({"dense/retrieval_mIoU": Retrieval.miou(s.confusion)} if retrieval else {}),
-            "diffusion/pib_cls": 100.0 * s.pib_hits / n_box, "diffusion/cls_patch_cosine": s.cosine / n_img,
-            "diffusion/effective_rank": effective_rank_from_gram(s.gram),
-            "diffusion/attn_entropy": s.entropy / n_attn, "diffusion/attn_zero_share": s.zero_share / n_attn,
-            "dense/seconds": time.perf_counter() - t0, "dense/cpu_seconds": time.process_time() - c0}
+    res = {"dense_mIoU": out["mIoU"], "dense_aAcc": out["aAcc"], "dense_mAcc": out["mAcc"],
+           **({"dense_retrieval_mIoU": Retrieval.miou(s["confusion"])} if retrieval else {}),
+           **{m.key: m.value(s) for m in MEASURES if m.value is not None}}
+    return {**res, "dense_seconds": time.perf_counter() - t0, "dense_cpu_seconds": time.process_time() - c0}
 
 
 class DenseProbeCheck(pl.Callback):
@@ -245,7 +197,7 @@ class DenseProbeCheck(pl.Callback):
 
     @torch.no_grad()
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
-        """Every rank calls this (the probe's two all-reduces, the retrieval memory's gather, then ``DenseSums``'
+        """Every rank calls this (the probe's two all-reduces, the retrieval memory's gather, then ``reduce_sums``'
         one); returns the same numbers on every rank."""
         from probes.ridge import run_ridge_probe
         t0, c0 = time.perf_counter(), time.process_time()
@@ -259,7 +211,7 @@ class DenseProbeCheck(pl.Callback):
             return trainer.strategy.reduce(t.to(device), reduce_op="sum").to("cpu", torch.float64)
 
         C, D = dm.num_classes, model.embed_dim
-        sums = DenseSums(torch.zeros(D, D, dtype=torch.float64), torch.zeros(C, C, dtype=torch.float64))
+        sums: Sums = {"confusion": torch.zeros(C, C, dtype=torch.float64)}
         retrieval = self._retrieval(dm, model)
 
         def train():  # one forward feeds the ridge probe and the retrieval memory
@@ -278,16 +230,18 @@ class DenseProbeCheck(pl.Callback):
                 first = torch.tensor(idx[b * bs:][:len(batch["image"])]) < self.attn_images
                 cls, patch, grid, attns = _forward(model, batch["image"], device, record=bool(first.any()))
                 masks = batch["mask"] if isinstance(batch["mask"], list) else list(batch["mask"])
-                sums.add_diffusion(cls.float().cpu(), patch.float().cpu(), masks, grid.shape[-2:])
-                if attns is not None:
-                    sums.add_attention([a[first.to(a.device)].float().cpu() for a in attns])
+                add_record(sums, image_record(cls, patch, masks, grid.shape[-2:]))
+                if attns:
+                    add_record(sums, {k: v for k, v in image_record(
+                        cls.cpu()[first], patch.cpu()[first], [m for m, f in zip(masks, first) if f], grid.shape[-2:],
+                        [a[first.to(a.device)] for a in attns]).items() if k in ATTENTION_TERMS})
                 if retrieval is not None:
-                    sums.confusion += retrieval.confusion(grid, masks).double()
+                    sums["confusion"] += retrieval.confusion(grid, masks).double()
                 yield grid, masks
 
         with _eval_mode(model):
             out = run_ridge_probe(train(), val(), C, self.ridge_lambda, D, reduce)
-        return _results(out, sums.reduced(reduce), retrieval is not None, t0, c0)
+        return _results(out, reduce_sums(sums, D, reduce), retrieval is not None, t0, c0)
 
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, when: str) -> None:
         if self.disabled:
@@ -300,10 +254,10 @@ class DenseProbeCheck(pl.Callback):
         self.series.append({"step": step, "epoch": epochs, "when": when, **res})
         for lg in trainer.loggers:
             lg.log_metrics({k: v for k, v in res.items() if not k.endswith("seconds")}, step=step)
-        retrieval = f", retrieval mIoU {res['dense/retrieval_mIoU']:.2f}" if "dense/retrieval_mIoU" in res else ""
-        rank_zero_info(f"dense check ({when}, step {step}): mIoU {res['dense/mIoU']:.2f}{retrieval}, PiB "
-                       f"{res['diffusion/pib_cls']:.1f}, cos(patch, CLS) {res['diffusion/cls_patch_cosine']:.3f}, "
-                       f"eff. rank {res['diffusion/effective_rank']:.1f} ({res['dense/seconds']:.1f} s)")
+        retrieval = f", retrieval mIoU {res['dense_retrieval_mIoU']:.2f}" if "dense_retrieval_mIoU" in res else ""
+        rank_zero_info(f"dense check ({when}, step {step}): mIoU {res['dense_mIoU']:.2f}{retrieval}, PiB "
+                       f"{res['diffusion_pib_cls']:.1f}, cos(patch, CLS) {res['diffusion_cls_patch_cosine']:.3f}, "
+                       f"eff. rank {res['diffusion_effective_rank']:.1f} ({res['dense_seconds']:.1f} s)")
 
     def on_train_start(self, trainer, pl_module):
         self._t0, self._first = time.perf_counter(), len(self.series)  # a resumed fit: only its own checks
@@ -323,7 +277,7 @@ class DenseProbeCheck(pl.Callback):
     def on_train_end(self, trainer, pl_module):
         self.run(trainer, pl_module, "end")
         if self._t0 is not None and self.series:  # its cost, stated on every run (docs/performance.md)
-            spent = sum(p["dense/seconds"] for p in self.series[self._first:])
+            spent = sum(p["dense_seconds"] for p in self.series[self._first:])
             self.share = spent / max(time.perf_counter() - self._t0, 1e-9)
             rank_zero_info(f"dense checks: {spent:.1f} s, {100 * self.share:.1f} % of this fit's wall time")
 
@@ -333,4 +287,4 @@ class DenseProbeCheck(pl.Callback):
             return {}
         last = self.series[-1]
         return {"dense_series": self.series, "dense_check_share": self.share,
-                **{k.replace("/", "_"): v for k, v in last.items() if k.startswith(("dense/", "diffusion/"))}}
+                **{k: v for k, v in last.items() if k.startswith(("dense_", "diffusion_"))}}

@@ -1,0 +1,105 @@
+"""Every dense measure, defined once: its key (the one name it has as TensorBoard tag, in summary.json, results.json
+and CSV), label, unit, the direction it takes as semantic diffusion grows, the papers' effect where one exists, and
+how it is computed from one forward pass (``TokenMixViT.forward_record``: the last block's [CLS] and patch tokens and
+the attention weights, recorded together).
+
+Two kinds:
+
+- *per-image measures* (``image_record``): each image of a batch gives additive terms (PiB hits and boxes, the mean
+  cos(patch, [CLS]), the Patch Score spread, the patch Gram matrix, attention entropy and exact-zero share); a
+  measure is a function of their sums (``Measure.value``). ``DenseProbeCheck`` adds them up over its shards (one
+  all-reduce); the calibration keeps them per image and sums any resample of the images, so both compute the same
+  numbers from the same forwards;
+- *probe measures* (``Measure.value`` None): a probe fitted on the forwards' features gives them from its confusion
+  counts (ridge: ``probes.ridge``, mmseg's mIoU; retrieval and overclustering: Hungarian-matched mIoU,
+  ``probes.matching``); the [CLS] k-NN from ``tokenmix.knn``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from .attention_stats import attention_stats
+from .diffusion import boxes_patch_mask, effective_rank_from_gram, mask_boxes, patch_scores, pib_hits
+
+# the papers' effects (docs/REFERENCE.md), fix minus baseline in each measure's units: entmax-1.5 over the [CLS]
+# baseline (linear probes, DINO ViT-S/16; depth RMSE: NYUv2 / SUN RGB-D / KITTI, the smaller of 0.004-0.005) and
+# LaSt-ViT over the plain ViT-B/16 (PiB)
+PAPER_EFFECTS = {"voc_mIoU": 5.98, "ade20k_mIoU": 2.12, "cityscapes_mIoU": 1.08, "depth_rmse": -0.004,
+                 "top1": 0.56, "pib": 12.4}
+
+
+class Direction(str, Enum):
+    """Which way a measure goes as semantic diffusion grows."""
+    UP = "up"
+    DOWN = "down"
+    NONE = "none"  # reported beside the others, no expectation (the [CLS] k-NN)
+
+
+Sums = dict  # field -> float or tensor: sums over images of ``image_record``'s terms
+
+
+@dataclass(frozen=True)
+class Measure:
+    key: str
+    label: str
+    unit: str
+    direction: Direction
+    paper: Optional[str] = None  # its PAPER_EFFECTS entry (the papers' effect on this measure or its analogue)
+    value: Optional[Callable[[Sums], float]] = None  # per-image measures: the value from the sums
+    images: str = "val"          # the images it reads: "val", "attn" (the first attn_images), "knn"
+
+
+def _per(num: str, den: str, scale: float = 1.0) -> Callable[[Sums], float]:
+    return lambda s: scale * float(s[num]) / max(float(s[den]), 1.0)
+
+
+MEASURES: tuple[Measure, ...] = (
+    Measure("dense_mIoU", "ridge seg. mIoU", "%", Direction.DOWN, "voc_mIoU"),
+    Measure("dense_aAcc", "ridge seg. pixel accuracy", "%", Direction.DOWN),
+    Measure("dense_mAcc", "ridge seg. mean class accuracy", "%", Direction.DOWN),
+    Measure("dense_retrieval_mIoU", "retrieval mIoU", "%", Direction.DOWN, "voc_mIoU"),
+    Measure("dense_overcluster_mIoU", "overclustering mIoU", "%", Direction.DOWN, "voc_mIoU"),
+    Measure("diffusion_pib_cls", "Point-in-Box [CLS]", "%", Direction.DOWN, "pib", _per("pib_hits", "box_images", 100)),
+    Measure("diffusion_patch_score_spread", "Patch Score spread", "cos", Direction.DOWN, None, _per("spread", "images")),
+    Measure("diffusion_cls_patch_cosine", "cos(patch, [CLS])", "cos", Direction.UP, None, _per("cosine", "images")),
+    Measure("diffusion_effective_rank", "effective rank", "dims", Direction.DOWN, None,
+            lambda s: effective_rank_from_gram(s["gram"])),
+    Measure("diffusion_attn_entropy", "attention entropy", "nats", Direction.UP, None,
+            _per("entropy", "attn_images"), "attn"),
+    Measure("diffusion_attn_zero_share", "attention exact zeros", "share", Direction.DOWN, None,
+            _per("zero_share", "attn_images"), "attn"),
+    Measure("knn_top1", "[CLS] k-NN top-1", "%", Direction.NONE, "top1", images="knn"),
+)
+BY_KEY = {m.key: m for m in MEASURES}
+ATTENTION_TERMS = ("attn_images", "entropy", "zero_share")
+
+
+def image_record(cls: torch.Tensor, patch: torch.Tensor, masks: Sequence[torch.Tensor], grid,
+                 attns: Optional[Sequence[torch.Tensor]] = None) -> dict[str, torch.Tensor]:
+    """Per image (first axis, float64) the additive terms of the per-image measures, from one forward: ``cls``
+    (B, D), ``patch`` (B, N, D), the validation ``masks`` (boxes: each class's extent), the patch ``grid`` (h, w)
+    and, when given, each recorded block's (B, heads, T, T) attention weights (mean over blocks, heads, rows)."""
+    cls, patch = cls.float().cpu(), patch.float().cpu()
+    boxes = torch.stack([boxes_patch_mask(mask_boxes(m), tuple(grid), (m.shape[-2] / grid[0], m.shape[-1] / grid[1]))
+                         for m in masks])
+    scores, has = patch_scores(cls, patch), boxes.any(1)
+    pd = patch.double()
+    rec = {"images": torch.ones(len(masks), dtype=torch.float64), "box_images": has.double(),
+           "pib_hits": (pib_hits(scores, boxes) & has).double(), "cosine": scores.mean(1).double(),
+           "spread": scores.std(1).double(), "gram": pd.transpose(1, 2) @ pd}
+    if attns:
+        per = [[attention_stats(a[j:j + 1].float().cpu()) for a in attns] for j in range(len(masks))]
+        rec["attn_images"] = torch.ones(len(masks), dtype=torch.float64)
+        for k in ("entropy", "zero_share"):
+            rec[k] = torch.tensor([torch.stack([p[k].double().mean() for p in img]).mean().item() for img in per],
+                                  dtype=torch.float64)
+    return rec
+
+
+def sums_of(records: dict[str, torch.Tensor], idx: Optional[torch.Tensor] = None) -> Sums:
+    """The sums of per-image ``records`` (concatenated ``image_record`` terms) over images ``idx`` (None: all)."""
+    return {k: (v if idx is None else v[idx]).sum(0) for k, v in records.items()}
