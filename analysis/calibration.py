@@ -10,7 +10,8 @@ training-seed sd with ``--seed-sd``; ``tokenmix.noise``). Then:
 
 - the *smallest detectable dose* a*: the smallest a whose interval excludes 0 on the expected side, the change
   Δ(a*) there, and the *detectable change*: the interval's half-width at a* (a smaller change would stay inside),
-  at the evaluated image count and at a full validation set (VOC val, 1,449 images: se ∝ 1/√n);
+  at the evaluated image count and at a full validation set (VOC val, 1,449 images; ImageNet val, 50,000, for
+  the k-NN: se ∝ 1/√n);
 - beside it the papers' effect (``PAPER_EFFECTS``): a measure whose detectable change exceeds it is labelled
   "cannot see the papers' effect at this size"; one that never detects, "not detected";
 - doses where the interval excludes 0 on the wrong side, and whether the point estimates are monotone;
@@ -39,7 +40,8 @@ from .calibration_measures import (Evaluation, ProbeSettings, images_of, keys_of
                                    seg_evaluation, value)
 
 DOSES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4)
-FULL_VAL = 1449  # VOC 2012 val: the full validation set the detectable change is scaled to
+# the full validation sets the detectable change is scaled to: VOC 2012 val (segmentation images), ImageNet val (k-NN)
+FULL_VAL = {"val": 1449, "attn": 1449, "knn": 50000}
 BLIND = "cannot see the papers' effect at this size"
 
 
@@ -84,7 +86,7 @@ def response(evs: dict[float, Evaluation], key: str, cfg: CalibrationConfig) -> 
     star = next((a for a in doses if deltas[a].detected(direction)), None)
     at = deltas[star if star is not None else doses[-1]]
     n = images_of(evs[0.0], key)
-    full = at.half_width_at(FULL_VAL) if n else at.half_width
+    full = at.half_width_at(FULL_VAL[m.images]) if n else at.half_width
     paper = PAPER_EFFECTS.get(m.paper) if m.paper else None
     applicable = not (key == "diffusion_attn_zero_share" and values[0] == 0.0)  # no exact zeros to lose (softmax)
     steps = [b - a for a, b in zip(values, values[1:])]
@@ -94,7 +96,8 @@ def response(evs: dict[float, Evaluation], key: str, cfg: CalibrationConfig) -> 
     return {"label": m.label, "unit": m.unit, "expected": direction, "paper_measure": m.paper, "paper_effect": paper,
             "values": values, "deltas": [{"a": a, **deltas[a].as_dict()} for a in doses],
             "smallest_dose": star, "change_at": None if star is None else at.delta, "detectable_change": at.half_width,
-            "detectable_change_full": full, "n_images": n, "seeds": seeds_of(evs[0.0], key),
+            "detectable_change_full": full, "n_images": n, "n_full": FULL_VAL[m.images],
+            "seeds": seeds_of(evs[0.0], key),
             "sees_papers_effect": None if paper is None or at.half_width is None else at.half_width <= abs(paper),
             "sees_papers_effect_full": None if paper is None or full is None else full <= abs(paper),
             "flag": flag, "applicable": applicable, "wrong_way_at": [a for a in doses if deltas[a].against(direction)],
@@ -288,7 +291,8 @@ def run(model, cfg, run_) -> dict:
             run_.log_scalar(f"calibration/{key}", d["delta"], int(round(1000 * d["a"])))
         g = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
         print(f"[calibration] {key:28s} a* {g(r['smallest_dose'])}, Δ {g(r['change_at'])}, detectable "
-              f"{g(r['detectable_change'])} ({r['n_images']} images) / {g(r['detectable_change_full'])} ({FULL_VAL}); "
+              f"{g(r['detectable_change'])} ({r['n_images']} images) / {g(r['detectable_change_full'])} "
+              f"({r['n_full']}); "
               f"paper {g(r['paper_effect'])} {r['flag']}")
     return {"doses": list(c.doses), "dial": {"mode": c.mode.value, "blocks": blocks, "k": c.k, "checks": checks},
             "measures": result, "smallest_doses": {k: r["smallest_dose"] for k, r in result.items()},

@@ -190,9 +190,11 @@ def images_of(ev: Evaluation, key: str) -> int:
 
 def seeds_of(ev: Evaluation, key: str) -> int:
     """Real probe seeds of ``key`` (1 where the probe draws nothing or one memory serves every seed)."""
-    return {"dense_retrieval_mIoU": len(ev.retrieval_cm), "dense_overcluster_mIoU": len(ev.overcluster_miou)}.get(key, 1)
+    seeds = {"dense_retrieval_mIoU": len(ev.retrieval_cm), "dense_overcluster_mIoU": len(ev.overcluster_miou)}
+    return seeds.get(key, 1)
 
 
 def keys_of(ev: Evaluation) -> list[str]:
     """The measures ``ev`` has, in registry order."""
-    return [k for k in BY_KEY if (k != "knn_top1" or ev.knn_correct is not None) and (BY_KEY[k].images != "attn" or ev.attn)]
+    return [k for k in BY_KEY if (k != "knn_top1" or ev.knn_correct is not None)
+            and (BY_KEY[k].images != "attn" or ev.attn)]

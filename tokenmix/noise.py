@@ -64,8 +64,8 @@ class PairedDelta:
 
     def as_dict(self) -> dict:
         h = self.half_width
-        return {**asdict(self), "lo": None if h is None else self.delta - h, "hi": None if h is None else self.delta + h,
-                "half_width": h}
+        lo, hi = (None, None) if h is None else (self.delta - h, self.delta + h)
+        return {**asdict(self), "lo": lo, "hi": hi, "half_width": h}
 
 
 def sample_sd(values: Sequence[float]) -> Optional[float]:

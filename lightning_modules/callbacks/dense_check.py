@@ -54,7 +54,8 @@ def _eval_mode(model: torch.nn.Module):
 
 def _forward(model, images: torch.Tensor, device, record: bool = False):
     """``TokenMixViT.forward_record`` of the probe protocol's normalised ``images`` (what
-    ``probes.features.FrozenFeatures`` gives the probe CLI: same call, same bits), every block recorded if ``record``."""
+    ``probes.features.FrozenFeatures`` gives the probe CLI: same call, same bits), every block recorded with
+    ``record``."""
     from datamodules.transforms.views import normalize
     return model.forward_record(normalize(images.to(device)), range(model.depth) if record else ())
 
