@@ -111,7 +111,7 @@ def one_evaluation_noise(ev: Evaluation, key: str, cfg: CalibrationConfig) -> di
     n, S = images_of(ev, key), seeds_of(ev, key)
     d = (paired_bootstrap(n, lambda i, s: value(ev, key, i, s), lambda i, s: 0.0, S, cfg.bootstrap) if n else
          seed_delta([value(ev, key, None, s) for s in range(S)], [0.0] * S))
-    return {"sd": d.se, "half_width": d.half_width}
+    return {"sd": d.se, "half_width": d.half_width, "replicates": d.replicates}
 
 
 def sweep(model, seg_dm, knn_dm, cfg: CalibrationConfig, log=print) -> tuple[dict, list]:
