@@ -1,0 +1,175 @@
+"""Seed statistics on ``scipy.stats``: the one home of every verdict the study and its comparisons print.
+
+- ``summarize``: a cell = one variant x one metric over n seeds: mean, sd (ddof = 1), se = sd/√n.
+- ``compare(a, b)``: Δ = mean_a − mean_b, its 95 % CI and two-sided p. *Paired* (``ttest_rel``) when asked for and
+  both sides hold the same seeds (a study's cells: the seed fixes the data order, ``--data.seed``, and the probe's
+  draws, ``--seed``: ``study.plan``), else *Welch* (``ttest_ind(equal_var=False)``, Welch–Satterthwaite df).
+  Paired differences that are all equal fall back to Welch. *undecided*: a side has < 2 seeds; *tie*: both sides
+  constant and equal; *no spread*: both sides constant and different (the t-test is 0/0): no p, never significant.
+- ``adjust``: Benjamini–Hochberg (false discovery rate) over the decided rows of one table: ``p_adj``; a row is
+  significant when ``p_adj <= 0.05``.
+- ``min_detectable`` / ``seeds_needed``: the smallest |Δ| a two-sided test at α = 0.05 detects with power 0.8
+  (noncentral t, pooled seed sd), and the seeds a side that detect a given effect.
+- ``probability_of_improvement``: rliable's P(X > Y) + ½ P(X = Y), averaged over tasks, with a stratified
+  percentile bootstrap CI (each task and side resampled on its own: ``scipy.stats.bootstrap``).
+
+    >>> d = compare(summarize([84.0, 86.0]), summarize([80.0, 82.0]))
+    >>> d.test, round(d.delta, 2), round(d.p, 4), round(d.df, 2)
+    ('Welch', 4.0, 0.1056, 2.0)
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
+
+import numpy as np
+from scipy import stats as st
+from scipy.optimize import brentq
+
+ALPHA, POWER = 0.05, 0.8
+WELCH, PAIRED = "Welch", "paired"
+
+# The papers' effects (method − its baseline) keyed by the study's metric keys (analysis.report COLUMNS), from
+# docs/REFERENCE.md §1: entmax paper, DINO ViT-S/16: linear top-1 69.50 → 70.06, VOC 42.80 → 48.78, ADE20K
+# 19.85 → 21.97, Cityscapes 36.79 → 37.87, depth RMSE "0.004–0.005 lower" (the smaller); LaSt-ViT, PiB ViT-B/16
+# 42.7 → 55.1 (ImageNet; ``pib_voc`` is its demo analogue).
+PAPER_EFFECTS = {"imagenet_linear": 0.56, "voc_miou": 5.98, "ade20k_miou": 2.12, "cityscapes_miou": 1.08,
+                 "nyuv2_rmse": -0.004, "sunrgbd_rmse": -0.004, "kitti_rmse": -0.004, "pib_imagenet": 12.4,
+                 "pib_voc": 12.4}
+
+
+@dataclass(frozen=True)
+class Summary:
+    values: tuple[float, ...]
+    n: int
+    mean: float
+    std: Optional[float]  # None when n < 2
+    se: Optional[float]
+    seeds: tuple = ()     # the seed of each value (same order); () when not known
+
+
+def summarize(values: Sequence[Optional[float]], seeds: Sequence = ()) -> Optional[Summary]:
+    keep = [i for i, v in enumerate(values) if v is not None and math.isfinite(float(v))]
+    if not keep:
+        return None
+    vals = tuple(float(values[i]) for i in keep)
+    n, mean = len(vals), float(np.mean(vals))
+    std = float(np.std(vals, ddof=1)) if n > 1 else None
+    return Summary(vals, n, mean, std, None if std is None else std / math.sqrt(n),
+                   tuple(seeds[i] for i in keep) if seeds else ())
+
+
+def summary_from_stats(mean: float, std: float, n: int) -> Summary:
+    """A Summary with exactly this mean, sd and n (values mean + sd·z, z standardized): Welch's test of it equals
+    ``ttest_ind_from_stats``, for tables that kept only mean ± sd (n); no seeds, so never paired."""
+    z = np.linspace(-1.0, 1.0, n)
+    z = z / np.std(z, ddof=1) if n > 1 else z
+    return summarize(list(mean + std * z))
+
+
+@dataclass(frozen=True)
+class Difference:
+    delta: float
+    test: str                          # WELCH | PAIRED | "undecided" | "tie" | "no spread"
+    p: Optional[float] = None          # two-sided p of `test`; None: no test
+    ci: Optional[tuple[float, float]] = None  # 95 % confidence interval of delta
+    df: Optional[float] = None
+    mde: Optional[float] = None        # smallest |delta| detectable at these n (power 0.8), pooled seed sd
+    p_adj: Optional[float] = None      # Benjamini–Hochberg over the table (``adjust``)
+
+    @property
+    def significant(self) -> bool:
+        return self.p_adj is not None and self.p_adj <= ALPHA
+
+
+def pooled_sd(a: Summary, b: Summary) -> Optional[float]:
+    if a.n < 2 or b.n < 2:
+        return None
+    return math.sqrt(((a.n - 1) * a.std ** 2 + (b.n - 1) * b.std ** 2) / (a.n + b.n - 2))
+
+
+def compare(a: Summary, b: Summary, paired: bool = False) -> Difference:
+    """Δ = a − b. ``paired``: the values come from runs whose seed fixes data order and probe draws."""
+    delta = a.mean - b.mean
+    if a.n < 2 or b.n < 2:
+        return Difference(delta, "undecided")
+    mde = min_detectable(pooled_sd(a, b), a.n, b.n)
+    pair = paired and len(a.seeds) == a.n == b.n and sorted(a.seeds) == sorted(b.seeds) == sorted(set(a.seeds))
+    x = [v for _, v in sorted(zip(a.seeds, a.values))] if pair else a.values
+    y = [v for _, v in sorted(zip(b.seeds, b.values))] if pair else b.values
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy's precision warning on a constant side: its result is exact
+        if pair and np.ptp(np.subtract(x, y)) > 0:
+            r, test = st.ttest_rel(x, y), PAIRED
+        elif a.std > 0 or b.std > 0:
+            r, test = st.ttest_ind(x, y, equal_var=False), WELCH
+        else:
+            return Difference(delta, "tie" if delta == 0 else "no spread", mde=mde)
+    ci = r.confidence_interval(1 - ALPHA)
+    return Difference(delta, test, float(r.pvalue), (float(ci.low), float(ci.high)), float(r.df), mde)
+
+
+def adjust(diffs: dict) -> dict:
+    """Benjamini–Hochberg over the rows of one table that have a p: each gets its ``p_adj``."""
+    keys = [k for k, d in diffs.items() if d.p is not None]
+    if not keys:
+        return dict(diffs)
+    q = st.false_discovery_control([diffs[k].p for k in keys], method="bh")
+    return {**diffs, **{k: replace(diffs[k], p_adj=float(x)) for k, x in zip(keys, q)}}
+
+
+def power(effect: float, sd: float, n_a: int, n_b: int) -> float:
+    """Power of the two-sided two-sample t-test (α = 0.05, df = n_a + n_b − 2) at a true |effect|."""
+    df, nc = n_a + n_b - 2, abs(effect) / (sd * math.sqrt(1 / n_a + 1 / n_b))
+    tc = st.t.ppf(1 - ALPHA / 2, df)
+    return float(st.nct.sf(tc, df, nc) + st.nct.sf(tc, df, -nc))  # sf(-nc): cdf is nan far in its tail
+
+
+def min_detectable(sd: Optional[float], n_a: int, n_b: int) -> Optional[float]:
+    if sd is None or n_a < 2 or n_b < 2:
+        return None
+    if sd == 0:
+        return 0.0
+    se = sd * math.sqrt(1 / n_a + 1 / n_b)
+    return float(brentq(lambda d: power(d, sd, n_a, n_b) - POWER, 0.0, 30 * se))  # nc = 30: power > 0.8 at df >= 2
+
+
+def seeds_needed(effect: float, sd: Optional[float], cap: int = 10_000) -> Optional[int]:
+    """Seeds a side (equal n) for power 0.8 at |effect|; None when sd is unknown or more than ``cap``."""
+    if sd is None or effect == 0:
+        return None
+    if sd == 0:
+        return 2
+    if power(effect, sd, cap, cap) < POWER:
+        return None
+    lo, hi = 2, cap
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if power(effect, sd, mid, mid) >= POWER else (mid + 1, hi)
+    return lo
+
+
+def _poi(*samples, axis=-1):
+    """Mean over tasks of P(X > Y) + ½ P(X = Y); samples = x_1, y_1, x_2, y_2, ... (vectorized on ``axis``)."""
+    out = []
+    for x, y in zip(samples[::2], samples[1::2]):
+        x, y = np.moveaxis(x, axis, -1)[..., :, None], np.moveaxis(y, axis, -1)[..., None, :]
+        out.append(((x > y) + 0.5 * (x == y)).mean(axis=(-2, -1)))
+    return np.mean(out, axis=0)
+
+
+def probability_of_improvement(xs: Sequence[Sequence[float]], ys: Sequence[Sequence[float]],
+                               resamples: int = 2000, seed: int = 0) -> Optional[tuple[float, float, float]]:
+    """(estimate, CI low, CI high) of X over Y; xs[m], ys[m]: task m's seed values, signed so higher = better.
+    None without a task of >= 2 seeds a side."""
+    pairs = [(np.asarray(x, float), np.asarray(y, float)) for x, y in zip(xs, ys) if len(x) > 1 and len(y) > 1]
+    if not pairs:
+        return None
+    samples = [s for p in pairs for s in p]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a constant task: a degenerate bootstrap, still a valid percentile CI
+        r = st.bootstrap(samples, _poi, n_resamples=resamples, method="percentile", vectorized=True,
+                         rng=np.random.default_rng(seed))
+    return float(_poi(*samples)), float(r.confidence_interval.low), float(r.confidence_interval.high)
