@@ -3,7 +3,7 @@
 Metrics are the columns of ``analysis.report`` (``COLUMNS`` + ``EXTRA_COLUMNS``: same titles, same pick of the
 number out of results.json; ``study.tasks`` adds the head-free probes' columns, titled after them) and the papers'
 rows are its ``paper_table()``; nothing is copied here. Each cell is mean ± std over seeds with n; Δ to the
-baseline carries ≈ when inside seed noise (``study.stats``). A given checkpoint (``--checkpoint``) is a row of its
+baseline carries its 95 % CI, p and Benjamini–Hochberg adjusted p over the table (``tokenmix.stats``). A given checkpoint (``--checkpoint``) is a row of its
 own: one run, no std and no Δ verdict.
 
     >>> table = collect(spec, cells, status(cells))  # doctest: +SKIP
@@ -31,10 +31,13 @@ from .cells import Cell
 from .plan import Spec
 from .points import FINAL, progress
 from .results import read_result
-from .stats import Difference, Summary, compare, summarize
 from .tasks import headless_columns, training_columns, training_values
+from scipy import stats as st
+from tokenmix.stats import (ALPHA, PAPER_EFFECTS, Difference, Summary, adjust, compare, min_detectable, pooled_sd,
+                            probability_of_improvement, seeds_needed, summarize)
 
-INSIDE = "≈"
+NO_TEST = {"undecided": "undecided (< 2 seeds a side)", "tie": "identical on every seed: no test",
+           "no spread": "no spread on either side: no test"}
 
 
 def columns_for(task: str, source: str, data: str) -> list:
@@ -63,6 +66,7 @@ class Table:
     progress: dict = field(default_factory=dict)  # point -> % of the schedule (None: unknown)
     curves: dict = field(default_factory=dict)  # (variant, column key) -> {point: [(seed, value)]}
     degradation: dict = field(default_factory=dict)  # (variant, column key) -> curves.Degradation
+    poi: dict = field(default_factory=dict)  # variant -> (P(improvement), CI low, CI high, dense column titles)
     checkpoints: list = field(default_factory=list)  # rows of given files (--checkpoint): one run each, in values
 
 
@@ -108,16 +112,24 @@ def collect(spec: Spec, cells: list[Cell], done: dict, baseline: str = "softmax"
     keep = [c for c in t.columns if any(k == c.key for _, k in t.values) or c.task not in finished]
     t.columns = sorted(keep, key=lambda c: order[c.key])
     for (v, k), vals in t.values.items():
-        t.summaries[(v, k)] = summarize([x for _, x, _ in vals])
+        t.summaries[(v, k)] = summarize([x for _, x, _ in vals], [sd for sd, _, _ in vals])
     for col in t.columns:
         b = t.summaries.get((base, col.key))
         for v in t.variants:
             a = t.summaries.get((v, col.key))
             if a and b and v != base and col.delta:
-                t.diffs[(v, col.key)] = compare(a, b)
+                t.diffs[(v, col.key)] = compare(a, b, paired=True)  # a seed fixes data order and probe draws
             d = degradation(t.curves.get((v, col.key), {}), t.points, col.lower_is_better)
             if d is not None:
                 t.degradation[(v, col.key)] = d
+    t.diffs = adjust(t.diffs)  # Benjamini–Hochberg over the whole table
+    dense = [c for c in t.columns if c.key.endswith(("_miou", "_rmse")) and c.delta]  # one metric per dense task
+    for v in t.variants if base and dense else []:
+        sign = [-1.0 if c.lower_is_better else 1.0 for c in dense]
+        xs, ys = ([[s * x for _, x, _ in t.values.get((w, c.key), [])] for s, c in zip(sign, dense)] for w in (v, base))
+        r = None if v == base else probability_of_improvement(xs, ys)
+        if r:
+            t.poi[v] = (*r, [c.title for c, x, y in zip(dense, xs, ys) if len(x) > 1 and len(y) > 1])
     return t
 
 
@@ -135,24 +147,54 @@ def fmt_single(s: Optional[Summary], digits: int) -> str:
     return NOT_RUN if s is None else f"{s.mean:.{digits}f} (single run)"
 
 
+def fmt_p(p: Optional[float]) -> str:
+    return "—" if p is None else "< 0.001" if p < 0.001 else f"{p:.2g}"
+
+
 def fmt_diff(d: Optional[Difference], digits: int) -> str:
+    """'+2.03 [-0.90, +5.00], p = 0.09 (adj. 0.31), Welch': Δ, its 95 % CI, p, adjusted p and the row's test."""
     if d is None:
         return "—"
-    se = "n/a" if d.se is None else f"{d.se:.{digits}f}"
-    mark = f" {INSIDE}" if d.inside_noise else ""
-    return f"{d.delta:+.{digits}f} ± {se}{mark}"
+    if d.p is None:
+        return f"{d.delta:+.{digits}f}, {NO_TEST[d.test]}"
+    lo, hi = d.ci
+    return (f"{d.delta:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}], p = {fmt_p(d.p)} "
+            f"(adj. {fmt_p(d.p_adj)}), {d.test}")
 
 
 def verdict(variant: str, baseline: str, col, d: Difference) -> str:
-    """'entmax vs softmax: +1.20 ± 0.41, outside seed noise (higher is better: entmax better)'."""
-    head = f"{variant} vs {baseline}: {fmt_diff(d, col.digits).rstrip(' ' + INSIDE)}"
-    if d.inside_noise is None:
-        return f"{head}, seed noise unknown (fewer than 2 seeds on a side)"
-    if d.inside_noise:
-        return f"{head}, inside seed noise (|Δ| ≤ 2·{d.se:.{col.digits}f})"
+    """'entmax vs softmax: Δ = +1.20 [...], p = 0.01 (adj. 0.03), paired: significant, entmax better; ...'."""
+    head = f"{variant} vs {baseline}: Δ = {fmt_diff(d, col.digits)}"
+    if d.p is None:
+        return head
     better = (d.delta < 0) if col.lower_is_better else (d.delta > 0)
-    return (f"{head}, outside seed noise (|Δ| > 2·{d.se:.{col.digits}f}): {variant} "
-            f"{'better' if better else 'worse'}")
+    word = f"significant: {variant} {'better' if better else 'worse'}" if d.significant else "not significant"
+    return f"{head}: {word}; detectable at these seeds: |Δ| ≥ {d.mde:.{col.digits}f}"
+
+
+def detectable_lines(spec: Spec, t: Table) -> list[str]:
+    """Per metric: the pooled seed sd, the smallest Δ the study's seeds detect and the seeds the papers' effect needs."""
+    n = len(spec.seeds)
+    L = ["## What this table can detect", "", f"Two-sided t-test, α = 0.05, power 0.8 (noncentral t), {n} seeds a "
+         "side, sd pooled over the variants' seeds. Papers' effects: docs/REFERENCE.md (`tokenmix.stats.PAPER_EFFECTS`).",
+         "", "| metric | seed sd | smallest detectable Δ | papers' effect | seeds a side for it |", "|---|---|---|---|---|"]
+    for c in t.columns:
+        sd = pooled_sd([(s.n, s.std) for (v, k), s in t.summaries.items() if k == c.key and v in t.variants])
+        if sd is None or not c.delta:
+            continue
+        mde, eff = min_detectable(sd, n, n), PAPER_EFFECTS.get(c.key)
+        need = "—" if eff is None else seeds_needed(eff, sd) or "> 10000"
+        L.append(f"| {c.title} | {sd:.{c.digits}g} | {'—' if mde is None else f'{mde:.{c.digits}f}'} | "
+                 f"{'—' if eff is None else f'{eff:+g}'} | {need} |")
+    return L + [""]
+
+
+def poi_lines(t: Table) -> list[str]:
+    if not t.poi:
+        return []
+    L = ["## Across the dense tasks", "", f"Probability of improvement over {t.baseline} (rliable: P(X > Y) + ½ P(X = Y) "
+         "over seed pairs, averaged over tasks; 95 % CI: stratified percentile bootstrap, 2000 resamples):", ""]
+    return L + [f"- {v}: {p:.2f} [{lo:.2f}, {hi:.2f}] over {', '.join(ts)}" for v, (p, lo, hi, ts) in t.poi.items()] + [""]
 
 
 def _paper_cell(row: dict, col, delta: bool) -> str:
@@ -200,8 +242,9 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
          f"`{spec.data}`; tasks "
          f"{', '.join(spec.tasks)}. State and runs: `{_shown(spec.root)}`.", "",
          "Each cell: mean ± sample standard deviation over seeds (n = seeds measured). Δ = mean − mean of "
-         f"`{t.baseline or 'no baseline'}`, ± its standard error se_Δ = sqrt(se_a² + se_b²) with se = std/sqrt(n); "
-         f"{INSIDE} = inside seed noise, i.e. |Δ| ≤ 2·se_Δ. ↓ = lower is better. "
+         f"`{t.baseline or 'no baseline'}` [95 % CI], two-sided p and its Benjamini–Hochberg adjusted value over every "
+         "row of the table; *paired* t-test where both sides hold the same seeds (a study seed fixes the data order "
+         "and the probe's draws), else *Welch* (docs/study.md). Significant = adjusted p ≤ 0.05. ↓ = lower is better. "
          f"'{NOT_RUN}' = no finished cell; '{NOT_REPORTED}' = the paper gives no number."]
     if is_demo(spec.data):
         L += ["", "Measured on the generated demo data (columns are the demo analogues: demo ImageFolder for "
@@ -213,7 +256,7 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
     for p in papers:
         L.append(f"| *{p['row']}* | " + " | ".join(_paper_cell(p, c, False) for c in t.columns) + " |")
     L += checkpoint_lines(spec)
-    L += ["", f"## Difference to {t.baseline} (Δ ± se_Δ; {INSIDE} = inside seed noise)", "",
+    L += ["", f"## Difference to {t.baseline} (Δ [95 % CI], p (adjusted), test)", "",
           "| variant | " + " | ".join(heads) + " |", sep]
     for v in t.variants:
         if v != t.baseline:
@@ -223,7 +266,7 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
                                                                           for c in t.columns) + " |")
     if not papers:
         L += ["", "The papers report none of these columns (reference rows: `make report`)."]
-    L += [""] + [f"- {n}" for n in PAPER_NOTES] + ["", "## Verdicts", ""]
+    L += [""] + [f"- {n}" for n in PAPER_NOTES] + [""] + detectable_lines(spec, t) + poi_lines(t) + ["## Verdicts", ""]
     for c in t.columns:
         lines = [verdict(v, t.baseline, c, t.diffs[(v, c.key)]) for v in t.variants if (v, c.key) in t.diffs]
         if lines:
@@ -277,20 +320,21 @@ def over_training_lines(t: Table, spec: Spec, plots: list[str]) -> list[str]:
          + f" of {spec.max_epochs} epochs. The tables above use the last point.", "",
          "**Degradation**: the drop from each variant's best point (best mean over seeds) to its last, per seed "
          "(value at best − value at last; sign flipped for ↓ metrics, so positive = worse at the end), mean ± std "
-         "(n); ‼ = outside seed noise (mean > 2·se, se = std/√n). The best point is chosen on the same seeds, so "
-         "the drop is biased upwards: a small positive drop inside the noise is what noise alone gives.", "",
-         "| metric | variant | best point | mean at best | mean at last | drop (per seed) | seeds |",
-         "|---|---|---|---|---|---|---|"]
-    for col in t.columns:
-        for v in t.variants:
-            d = t.degradation.get((v, col.key))
-            if d is None:
-                continue
-            mark = " ‼" if d.outside_noise else ""
-            drop = fmt_summary(d.drop, col.digits)
-            seeds = " ".join(f"{x:+.{col.digits}f}" for x in d.drop.values)
-            L.append(f"| {col.title} | {v} | {point_label(d.best)} | {d.best_mean:.{col.digits}f} | "
-                     f"{d.last_mean:.{col.digits}f} | {drop}{mark} | {seeds} |")
+         "(n), p of the one-sided one-sample t-test of drop > 0 (adjusted: Benjamini–Hochberg over this table); "
+         "‼ = adjusted p ≤ 0.05. The best point is chosen on the same seeds, so the drop is biased upwards: a small "
+         "positive drop is what noise alone gives.", "",
+         "| metric | variant | best point | mean at best | mean at last | drop (per seed) | p (adj.) | seeds |",
+         "|---|---|---|---|---|---|---|---|"]
+    rows = [(col, v, t.degradation[(v, col.key)]) for col in t.columns for v in t.variants if (v, col.key) in t.degradation]
+    tested = [d.p for _, _, d in rows if d.p is not None]
+    adj = iter(st.false_discovery_control(tested, method="bh") if tested else [])
+    for col, v, d in rows:
+        q = None if d.p is None else float(next(adj))
+        mark = " ‼" if q is not None and q <= ALPHA else ""
+        seeds = " ".join(f"{x:+.{col.digits}f}" for x in d.drop.values)
+        L.append(f"| {col.title} | {v} | {point_label(d.best)} | {d.best_mean:.{col.digits}f} | "
+                 f"{d.last_mean:.{col.digits}f} | {fmt_summary(d.drop, col.digits)}{mark} | {fmt_p(d.p)} "
+                 f"({fmt_p(q)}) | {seeds} |")
     if plots:
         L += ["", "Curves: mean over seeds (line) ± std (band); the baseline black and dashed.", ""]
         L += [f"![{p}]({p})" for p in plots]
@@ -322,28 +366,28 @@ def cost_lines(t: Table) -> list[str]:
 def write_csv(spec: Spec, t: Table, path: Path) -> None:
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["kind", "variant", "column", "title", "n", "mean", "std", "se", "delta_vs_baseline", "delta_se",
-                "inside_noise", "values_by_seed"])
+    head = ["kind", "variant", "column", "title", "n", "mean", "std", "se", "delta_vs_baseline", "test", "df", "p",
+            "p_adj", "significant", "ci_low", "ci_high", "mde", "paper_effect", "values_by_seed"]
+    w.writerow(head)
+    g = lambda x, f=".6g": "" if x is None else format(x, f)  # noqa: E731  p and CI in full: checkable
+    row = lambda *a: w.writerow(list(a) + [""] * (len(head) - len(a)))  # noqa: E731
     for c in t.columns:
         for v in t.variants:
             s, d = t.summaries.get((v, c.key)), t.diffs.get((v, c.key))
             if s is None:
-                w.writerow(["measured", v, c.key, c.title, 0, NOT_RUN, "", "", "", "", "", ""])
+                row("measured", v, c.key, c.title, 0, NOT_RUN)
                 continue
-            g = lambda x: "" if x is None else f"{x:.6g}"  # noqa: E731
-            w.writerow(["measured", v, c.key, c.title, s.n, g(s.mean), g(s.std), g(s.se),
-                        g(d.delta if d else None), g(d.se if d else None),
-                        "" if d is None or d.inside_noise is None else str(d.inside_noise).lower(),
-                        " ".join(f"{sd}:{x:.6g}" for sd, x, _ in sorted(t.values[(v, c.key)]))])
+            lo, hi = d.ci if d and d.ci else (None, None)
+            tested = [d.test, g(d.df), g(d.p, ".17g"), g(d.p_adj, ".17g"), str(d.significant).lower(),
+                      g(lo, ".17g"), g(hi, ".17g"), g(d.mde), g(PAPER_EFFECTS.get(c.key))] if d else [""] * 9
+            w.writerow(["measured", v, c.key, c.title, s.n, g(s.mean), g(s.std), g(s.se), g(d.delta if d else None),
+                        *tested, " ".join(f"{sd}:{float(x)!r}" for sd, x, _ in sorted(t.values[(v, c.key)]))])
         for n in t.checkpoints:  # one run: no std, no seed, no Δ
             s = t.summaries.get((n, c.key))
-            w.writerow(["checkpoint", n, c.key, c.title, s.n if s else 0, f"{s.mean:.6g}" if s else NOT_RUN,
-                        "", "", "", "", "", ""])
+            row("checkpoint", n, c.key, c.title, s.n if s else 0, f"{s.mean:.6g}" if s else NOT_RUN)
         for p in paper_table():
             if p.get(c.key) is not None:
-                dl = p.get(f"{c.key}_delta")
-                w.writerow(["paper", p["row"], c.key, c.title, "", f"{p[c.key]:.6g}", "", "",
-                            "" if dl is None else f"{dl:.6g}", "", "", ""])
+                row("paper", p["row"], c.key, c.title, "", f"{p[c.key]:.6g}", "", "", g(p.get(f"{c.key}_delta")))
     with atomic_write(path, "w") as f:
         f.write(buf.getvalue())
 

@@ -84,10 +84,10 @@ class Difference:
         return self.p_adj is not None and self.p_adj <= ALPHA
 
 
-def pooled_sd(a: Summary, b: Summary) -> Optional[float]:
-    if a.n < 2 or b.n < 2:
-        return None
-    return math.sqrt(((a.n - 1) * a.std ** 2 + (b.n - 1) * b.std ** 2) / (a.n + b.n - 2))
+def pooled_sd(cells: Sequence[tuple[int, float]]) -> Optional[float]:
+    """sqrt(Σ (n − 1) sd² / Σ (n − 1)) over the (n, sd) cells with n >= 2; None without one."""
+    cells = [(n, sd) for n, sd in cells if n > 1 and sd is not None]
+    return math.sqrt(sum((n - 1) * sd ** 2 for n, sd in cells) / sum(n - 1 for n, _ in cells)) if cells else None
 
 
 def compare(a: Summary, b: Summary, paired: bool = False) -> Difference:
@@ -95,7 +95,7 @@ def compare(a: Summary, b: Summary, paired: bool = False) -> Difference:
     delta = a.mean - b.mean
     if a.n < 2 or b.n < 2:
         return Difference(delta, "undecided")
-    mde = min_detectable(pooled_sd(a, b), a.n, b.n)
+    mde = min_detectable(pooled_sd([(a.n, a.std), (b.n, b.std)]), a.n, b.n)
     pair = paired and len(a.seeds) == a.n == b.n and sorted(a.seeds) == sorted(b.seeds) == sorted(set(a.seeds))
     x = [v for _, v in sorted(zip(a.seeds, a.values))] if pair else a.values
     y = [v for _, v in sorted(zip(b.seeds, b.values))] if pair else b.values
@@ -128,21 +128,16 @@ def power(effect: float, sd: float, n_a: int, n_b: int) -> float:
 
 
 def min_detectable(sd: Optional[float], n_a: int, n_b: int) -> Optional[float]:
-    if sd is None or n_a < 2 or n_b < 2:
+    """None without a seed sd (unknown, or 0: constant values give no test, so no detectable effect either)."""
+    if not sd or n_a < 2 or n_b < 2:
         return None
-    if sd == 0:
-        return 0.0
     se = sd * math.sqrt(1 / n_a + 1 / n_b)
     return float(brentq(lambda d: power(d, sd, n_a, n_b) - POWER, 0.0, 30 * se))  # nc = 30: power > 0.8 at df >= 2
 
 
 def seeds_needed(effect: float, sd: Optional[float], cap: int = 10_000) -> Optional[int]:
-    """Seeds a side (equal n) for power 0.8 at |effect|; None when sd is unknown or more than ``cap``."""
-    if sd is None or effect == 0:
-        return None
-    if sd == 0:
-        return 2
-    if power(effect, sd, cap, cap) < POWER:
+    """Seeds a side (equal n) for power 0.8 at |effect|; None when sd is unknown (or 0) or more than ``cap``."""
+    if not sd or effect == 0 or power(effect, sd, cap, cap) < POWER:
         return None
     lo, hi = 2, cap
     while lo < hi:
