@@ -10,6 +10,7 @@ order, an interrupted study resumes. State: runs/study/<name>/; report: reports/
 from __future__ import annotations
 
 import argparse
+import csv
 import shlex
 import signal
 import sys
@@ -195,6 +196,28 @@ def cli_args(args: argparse.Namespace, spec: Spec) -> list[str]:
     return [f"--{k}={v}" for k, v in pairs]
 
 
+def power_line(seeds: int, report: Path) -> str:
+    """Before launching: the smallest Δ these seeds detect, in seed sd and, at the last study's seed sd (its
+    study.csv), per paper metric, with the seeds the paper's effect needs (``tokenmix.stats``)."""
+    from tokenmix.stats import PAPER_EFFECTS, min_detectable, pooled_sd, seeds_needed
+    mde = min_detectable(1.0, seeds, seeds)
+    head = (f"[study] {seeds} seeds a side detect |Δ| ≥ {mde:.2f} seed sd (two-sided t-test, α = 0.05, power 0.8)"
+            if mde else "[study] 1 seed a side: no test (2 or more needed)")
+    cells, rows = {}, []
+    if report.is_file():
+        with open(report, newline="") as f:
+            rows = list(csv.DictReader(f))
+    for r in rows:
+        if r.get("kind") == "measured" and r.get("std") and r["column"] in PAPER_EFFECTS:
+            cells.setdefault((r["column"], r["title"]), []).append((int(r["n"]), float(r["std"])))
+    parts = [f"{title}: sd {sd:.3g}, |Δ| ≥ {min_detectable(sd, seeds, seeds) or 0:.3g}; the paper's "
+             f"{PAPER_EFFECTS[key]:+g} needs {seeds_needed(PAPER_EFFECTS[key], sd) or '> 10000'} seeds a side"
+             for (key, title), c in cells.items() for sd in [pooled_sd(c)] if sd]
+    if not parts:
+        return f"{head}; no earlier {report} gives the seed sd of the papers' metrics"
+    return f"{head}. At the seed sd of {report}: " + "; ".join(parts)
+
+
 @contextmanager
 def _terminate_as_interrupt():
     """SIGTERM (a job scheduler, ``kill``) as Ctrl-C: the running cell is stopped with it (``local.run_cell``)
@@ -223,6 +246,7 @@ def main(argv=None) -> int:
     cells = plan(spec)
     done = status(cells)
     print(describe(spec, cells, done, python, verbose=cfg.dry_run), flush=True)
+    print(power_line(len(spec.seeds), cfg.out / "study.csv"), flush=True)
     if cfg.dry_run:
         return 0
     spec.root.mkdir(parents=True, exist_ok=True)

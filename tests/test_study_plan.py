@@ -133,14 +133,19 @@ def test_runs_everything_once_then_reuses_and_reports(tmp_path, fake, capsys):
     seeds = sorted((_flag(c, "--variant"), _flag(c, "--seed_everything"), _flag(c, "--data.seed"))
                    for c in fake.calls[:4])
     assert seeds == [("entmax", "0", "0"), ("entmax", "1", "1"), ("softmax", "0", "0"), ("softmax", "1", "1")]
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "pretraining 4/4, evaluations 12/12" in err and "ETA" in err
-
+    # before launching: what 2 seeds detect, in seed sd (no earlier report yet)
+    assert "[study] 2 seeds a side detect |Δ| ≥ 5.65 seed sd (two-sided t-test, α = 0.05, power 0.8); no earlier" in out
     fake.calls.clear()
     assert main(_argv(tmp_path)) == 0  # nothing new to run
     assert fake.calls == []
     out = capsys.readouterr().out
     assert "done 16/16 cells; to run: 0 pretraining, 0 evaluations" in out
+    # now at the last report's seed sd: PiB sd pooled from 7.07 and 1.41 (n = 2 each): sqrt((50 + 2) / 2) = 5.10;
+    # MDE 5.65 sd = 28.8; 12.4 = 2.43 sd needs 4 seeds a side (tests/test_study_stats.py checks the power figures)
+    assert "At the seed sd of " in out and "PiB VOC ([CLS]): sd 5.1, |Δ| ≥ 28.8; the paper's +12.4 needs 4 seeds" in out
+    assert "VOC mIoU:" not in out  # sd 0 (constant over seeds): nothing to say
 
     md = (tmp_path / "report_s" / "study.md").read_text()
     # softmax k-NN 80, 82: mean 81, std sqrt(2) = 1.41; entmax 85, 89: mean 87, std 2.83. Same seeds: paired
