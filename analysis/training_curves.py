@@ -78,7 +78,7 @@ def bands_from(path: Optional[str]) -> dict[str, tuple[float, int]]:
 
 def table(runs: dict[str, dict[str, Curve]], bands: dict[str, tuple[float, int]]) -> str:
     from scipy import stats as st
-    L = ["| run | measure | start | peak (step) | end | peak → end | declined (p, adj.) |", "|---|---|---|---|---|---|---|"]
+    L = ["| run | measure | start | peak (step) | end | peak → end | declined (p, adj.) |", "|---" * 7 + "|"]
     rows = [(label, title, c, c.drop(lower), bands.get(key), c.peak(lower)) for label, curves in runs.items()
             for tag, (title, lower, key) in MEASURES.items() for c in [curves.get(tag)] if c is not None]
     ps = [st.t.sf(drop / (b[0] * 2 ** 0.5), b[1] - 1) if b else None for _, _, _, drop, b, _ in rows]

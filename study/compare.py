@@ -11,8 +11,8 @@ order and probe draws; only the condition differs), else Welch; then, where the 
 points, the mean of each at every point.
 
     >>> a, b = summarize([10.0, 12.0, 14.0]), summarize([4.0, 6.0, 8.0])
-    >>> compare_row("softmax", "PiB", a, b, adjust({0: compare(b, a)})[0], 2)
-    '| softmax | PiB | 12.00 ± 2.00 (n=3) | 6.00 ± 2.00 (n=3) | -6.00 [-10.53, -1.47], p = 0.021 (adj. 0.021), Welch | yes |'
+    >>> compare_row("softmax", "PiB", a, b, adjust({0: compare(b, a)})[0], 2)[-62:]
+    '| -6.00 [-10.53, -1.47], p = 0.021 (adj. 0.021), Welch | yes |'
 """
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def compare_row(variant: str, title: str, a: Optional[Summary], b: Optional[Summ
                 digits: int) -> str:
     """One markdown row: A, B, Δ = B − A [CI], p (adj.), test; significant: adjusted p ≤ 0.05."""
     word = "—" if d is None or d.p is None else "yes" if d.significant else "no"
-    return f"| {variant} | {title} | {fmt_summary(a, digits)} | {fmt_summary(b, digits)} | {fmt_diff(d, digits)} | {word} |"
+    return (f"| {variant} | {title} | {fmt_summary(a, digits)} | {fmt_summary(b, digits)} | {fmt_diff(d, digits)} "
+            f"| {word} |")
 
 
 def _point_mean(t: Table, variant: str, key: str, point: str) -> Optional[Summary]:
@@ -70,7 +71,7 @@ def markdown(a: tuple[Spec, Table], b: tuple[Spec, Table], labels: tuple[str, st
          f"Δ = {lb} − {la} [95 % CI]; mean ± std (n) over seeds at the last training point; p of the row's test "
          "(paired by seed where both hold the same seeds, else Welch) and, in brackets, adjusted (Benjamini–Hochberg "
          "over this table); significant = adjusted p ≤ 0.05 (tokenmix.stats, docs/study.md).", "",
-         f"| variant | metric | {la} | {lb} | Δ [95 % CI], p (adj.), test | significant |", "|---|---|---|---|---|---|"]
+         f"| variant | metric | {la} | {lb} | Δ [95 % CI], p (adj.), test | significant |", "|---|" * 5 + "---|"]
     rows = [(v, c, ta.summaries.get((v, c.key)), tb.summaries.get((v, c.key))) for v in variants for c in cols]
     rows = [r for r in rows if r[2] or r[3]]
     diffs = adjust({i: compare(b_, a_, paired=True) for i, (_, _, a_, b_) in enumerate(rows) if a_ and b_})

@@ -35,10 +35,8 @@ class Degradation:
 
     @property
     def p(self) -> Optional[float]:
-        """One-sided one-sample t-test of the drops > 0; None with < 2 seeds or no spread (0/0)."""
-        if self.drop.n < 2 or not self.drop.std:
-            return None
-        return float(st.ttest_1samp(self.drop.values, 0.0, alternative="greater").pvalue)
+        """One-sided one-sample t-test of drop > 0; None with < 2 seeds or no spread (0/0)."""
+        return float(st.ttest_1samp(self.drop.values, 0.0, alternative="greater").pvalue) if self.drop.std else None
 
 
 def point_summaries(curve: dict, points: Sequence[str]) -> dict[str, Summary]:

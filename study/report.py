@@ -3,8 +3,8 @@
 Metrics are the columns of ``analysis.report`` (``COLUMNS`` + ``EXTRA_COLUMNS``: same titles, same pick of the
 number out of results.json; ``study.tasks`` adds the head-free probes' columns, titled after them) and the papers'
 rows are its ``paper_table()``; nothing is copied here. Each cell is mean ± std over seeds with n; Δ to the
-baseline carries its 95 % CI, p and Benjamini–Hochberg adjusted p over the table (``tokenmix.stats``). A given checkpoint (``--checkpoint``) is a row of its
-own: one run, no std and no Δ verdict.
+baseline carries its 95 % CI, p and adjusted p (``tokenmix.stats``). A given checkpoint (``--checkpoint``) is a row
+of its own: one run, no std and no Δ verdict.
 
     >>> table = collect(spec, cells, status(cells))  # doctest: +SKIP
     >>> write_report(spec, table, Path("reports"))          # doctest: +SKIP
@@ -33,8 +33,8 @@ from .points import FINAL, progress
 from .results import read_result
 from .tasks import headless_columns, training_columns, training_values
 from scipy import stats as st
-from tokenmix.stats import (ALPHA, PAPER_EFFECTS, Difference, Summary, adjust, compare, min_detectable, pooled_sd,
-                            probability_of_improvement, seeds_needed, summarize)
+from tokenmix.stats import (ALPHA, PAPER_EFFECTS as EFF, Difference, Summary, adjust, compare, min_detectable,
+                            pooled_sd, probability_of_improvement, seeds_needed, summarize)
 
 NO_TEST = {"undecided": "undecided (< 2 seeds a side)", "tie": "identical on every seed: no test",
            "no spread": "no spread on either side: no test"}
@@ -66,7 +66,6 @@ class Table:
     progress: dict = field(default_factory=dict)  # point -> % of the schedule (None: unknown)
     curves: dict = field(default_factory=dict)  # (variant, column key) -> {point: [(seed, value)]}
     degradation: dict = field(default_factory=dict)  # (variant, column key) -> curves.Degradation
-    poi: dict = field(default_factory=dict)  # variant -> (P(improvement), CI low, CI high, dense column titles)
     checkpoints: list = field(default_factory=list)  # rows of given files (--checkpoint): one run each, in values
 
 
@@ -123,13 +122,6 @@ def collect(spec: Spec, cells: list[Cell], done: dict, baseline: str = "softmax"
             if d is not None:
                 t.degradation[(v, col.key)] = d
     t.diffs = adjust(t.diffs)  # Benjamini–Hochberg over the whole table
-    dense = [c for c in t.columns if c.key.endswith(("_miou", "_rmse")) and c.delta]  # one metric per dense task
-    for v in t.variants if base and dense else []:
-        sign = [-1.0 if c.lower_is_better else 1.0 for c in dense]
-        xs, ys = ([[s * x for _, x, _ in t.values.get((w, c.key), [])] for s, c in zip(sign, dense)] for w in (v, base))
-        r = None if v == base else probability_of_improvement(xs, ys)
-        if r:
-            t.poi[v] = (*r, [c.title for c, x, y in zip(dense, xs, ys) if len(x) > 1 and len(y) > 1])
     return t
 
 
@@ -172,29 +164,25 @@ def verdict(variant: str, baseline: str, col, d: Difference) -> str:
     return f"{head}: {word}; detectable at these seeds: |Δ| ≥ {d.mde:.{col.digits}f}"
 
 
-def detectable_lines(spec: Spec, t: Table) -> list[str]:
-    """Per metric: the pooled seed sd, the smallest Δ the study's seeds detect and the seeds the papers' effect needs."""
+def power_lines(spec: Spec, t: Table) -> list[str]:
+    """Per metric: the pooled seed sd, the smallest Δ the study's seeds detect, the seeds the papers' effect needs;
+    then the probability of improvement across the dense tasks."""
     n = len(spec.seeds)
     L = ["## What this table can detect", "", f"Two-sided t-test, α = 0.05, power 0.8 (noncentral t), {n} seeds a "
-         "side, sd pooled over the variants' seeds. Papers' effects: docs/REFERENCE.md (`tokenmix.stats.PAPER_EFFECTS`).",
-         "", "| metric | seed sd | smallest detectable Δ | papers' effect | seeds a side for it |", "|---|---|---|---|---|"]
-    for c in t.columns:
+         "side, sd pooled over the variants. Papers' effects: docs/REFERENCE.md.", "",
+         "| metric | seed sd | smallest detectable Δ | papers' effect | seeds a side for it |", "|---|---|---|---|---|"]
+    for c in [c for c in t.columns if c.delta]:
         sd = pooled_sd([(s.n, s.std) for (v, k), s in t.summaries.items() if k == c.key and v in t.variants])
-        if sd is None or not c.delta:
-            continue
-        mde, eff = min_detectable(sd, n, n), PAPER_EFFECTS.get(c.key)
-        need = "—" if eff is None else seeds_needed(eff, sd) or "> 10000"
-        L.append(f"| {c.title} | {sd:.{c.digits}g} | {'—' if mde is None else f'{mde:.{c.digits}f}'} | "
-                 f"{'—' if eff is None else f'{eff:+g}'} | {need} |")
-    return L + [""]
-
-
-def poi_lines(t: Table) -> list[str]:
-    if not t.poi:
-        return []
-    L = ["## Across the dense tasks", "", f"Probability of improvement over {t.baseline} (rliable: P(X > Y) + ½ P(X = Y) "
-         "over seed pairs, averaged over tasks; 95 % CI: stratified percentile bootstrap, 2000 resamples):", ""]
-    return L + [f"- {v}: {p:.2f} [{lo:.2f}, {hi:.2f}] over {', '.join(ts)}" for v, (p, lo, hi, ts) in t.poi.items()] + [""]
+        mde, eff = min_detectable(sd, n, n), EFF.get(c.key)
+        L += [f"| {c.title} | {sd:.3g} | {mde:.{c.digits}f} | {'—' if eff is None else f'{eff:+g}'} | "
+              f"{'—' if eff is None else seeds_needed(eff, sd) or '> 10000'} |"] if mde else []
+    dense = [c for c in t.columns if c.key.endswith(("_miou", "_rmse")) and c.delta]  # one metric per dense task
+    signed = lambda v: [[-x if c.lower_is_better else x for _, x, _ in t.values.get((v, c.key), [])] for c in dense]
+    poi = {v: probability_of_improvement(signed(v), signed(t.baseline)) for v in t.variants if v != t.baseline}
+    rows = [f"- {v}: {r[0]:.2f} [{r[1]:.2f}, {r[2]:.2f}]" for v, r in poi.items() if r]
+    return L + ["", f"Probability of improvement over {t.baseline} across the dense tasks ({', '.join(c.title for c in dense)}"
+                "; rliable: P(X > Y) + ½ P(X = Y) over seed pairs, averaged over the tasks with 2 or more seeds a side; "
+                "95 % CI: stratified percentile bootstrap, 2000 resamples):", ""] * bool(rows) + rows + [""]
 
 
 def _paper_cell(row: dict, col, delta: bool) -> str:
@@ -242,9 +230,9 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
          f"`{spec.data}`; tasks "
          f"{', '.join(spec.tasks)}. State and runs: `{_shown(spec.root)}`.", "",
          "Each cell: mean ± sample standard deviation over seeds (n = seeds measured). Δ = mean − mean of "
-         f"`{t.baseline or 'no baseline'}` [95 % CI], two-sided p and its Benjamini–Hochberg adjusted value over every "
+         f"`{t.baseline or 'no baseline'}` [95 % CI], two-sided p and (adj.) its Benjamini–Hochberg value over every "
          "row of the table; *paired* t-test where both sides hold the same seeds (a study seed fixes the data order "
-         "and the probe's draws), else *Welch* (docs/study.md). Significant = adjusted p ≤ 0.05. ↓ = lower is better. "
+         "and the probe's draws), else *Welch* (docs/study.md). Significant = adj. p ≤ 0.05. ↓ = lower is better. "
          f"'{NOT_RUN}' = no finished cell; '{NOT_REPORTED}' = the paper gives no number."]
     if is_demo(spec.data):
         L += ["", "Measured on the generated demo data (columns are the demo analogues: demo ImageFolder for "
@@ -266,7 +254,7 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
                                                                           for c in t.columns) + " |")
     if not papers:
         L += ["", "The papers report none of these columns (reference rows: `make report`)."]
-    L += [""] + [f"- {n}" for n in PAPER_NOTES] + [""] + detectable_lines(spec, t) + poi_lines(t) + ["## Verdicts", ""]
+    L += [""] + [f"- {n}" for n in PAPER_NOTES] + [""] + power_lines(spec, t) + ["## Verdicts", ""]
     for c in t.columns:
         lines = [verdict(v, t.baseline, c, t.diffs[(v, c.key)]) for v in t.variants if (v, c.key) in t.diffs]
         if lines:
@@ -325,7 +313,7 @@ def over_training_lines(t: Table, spec: Spec, plots: list[str]) -> list[str]:
          "positive drop is what noise alone gives.", "",
          "| metric | variant | best point | mean at best | mean at last | drop (per seed) | p (adj.) | seeds |",
          "|---|---|---|---|---|---|---|---|"]
-    rows = [(col, v, t.degradation[(v, col.key)]) for col in t.columns for v in t.variants if (v, col.key) in t.degradation]
+    rows = [(c, v, t.degradation[(v, c.key)]) for c in t.columns for v in t.variants if (v, c.key) in t.degradation]
     tested = [d.p for _, _, d in rows if d.p is not None]
     adj = iter(st.false_discovery_control(tested, method="bh") if tested else [])
     for col, v, d in rows:
@@ -369,7 +357,7 @@ def write_csv(spec: Spec, t: Table, path: Path) -> None:
     head = ["kind", "variant", "column", "title", "n", "mean", "std", "se", "delta_vs_baseline", "test", "df", "p",
             "p_adj", "significant", "ci_low", "ci_high", "mde", "paper_effect", "values_by_seed"]
     w.writerow(head)
-    g = lambda x, f=".6g": "" if x is None else format(x, f)  # noqa: E731  p and CI in full: checkable
+    g = lambda x, f=".6g": "" if x is None else format(x, f)  # noqa: E731  (p and CI in full: checkable)
     row = lambda *a: w.writerow(list(a) + [""] * (len(head) - len(a)))  # noqa: E731
     for c in t.columns:
         for v in t.variants:
@@ -379,7 +367,7 @@ def write_csv(spec: Spec, t: Table, path: Path) -> None:
                 continue
             lo, hi = d.ci if d and d.ci else (None, None)
             tested = [d.test, g(d.df), g(d.p, ".17g"), g(d.p_adj, ".17g"), str(d.significant).lower(),
-                      g(lo, ".17g"), g(hi, ".17g"), g(d.mde), g(PAPER_EFFECTS.get(c.key))] if d else [""] * 9
+                      g(lo, ".17g"), g(hi, ".17g"), g(d.mde), g(EFF.get(c.key))] if d else [""] * 9
             w.writerow(["measured", v, c.key, c.title, s.n, g(s.mean), g(s.std), g(s.se), g(d.delta if d else None),
                         *tested, " ".join(f"{sd}:{float(x)!r}" for sd, x, _ in sorted(t.values[(v, c.key)]))])
         for n in t.checkpoints:  # one run: no std, no seed, no Δ

@@ -162,6 +162,8 @@ def test_runs_everything_once_then_reuses_and_reports(tmp_path, fake, capsys):
     # VOC: both variants constant over seeds (std 0): no test (scipy's 0/0), never significant
     assert "entmax vs softmax: Δ = +1.00, no spread on either side: no test" in md
     assert "inside" not in md and "outside" not in md
+    # probability of improvement across the dense tasks (VOC only: 31, 31 against 30, 30): 1 in every resample
+    assert "across the dense tasks (VOC mIoU;" in md and "- entmax: 1.00 [1.00, 1.00]" in md
     # the papers' rows (analysis.report's reference table) and the per-seed values
     assert "*paper: Entmax-1.5 (entmax paper, DINO ViT-S/16 200 ep)* | not reported | 48.78 |" in md
     assert "| entmax | 1 | 89.00 | 31.00 | 47.00 |" in md

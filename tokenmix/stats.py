@@ -1,21 +1,15 @@
 """Seed statistics on ``scipy.stats``: the one home of every verdict the study and its comparisons print.
 
-- ``summarize``: a cell = one variant x one metric over n seeds: mean, sd (ddof = 1), se = sd/√n.
-- ``compare(a, b)``: Δ = mean_a − mean_b, its 95 % CI and two-sided p. *Paired* (``ttest_rel``) when asked for and
-  both sides hold the same seeds (a study's cells: the seed fixes the data order, ``--data.seed``, and the probe's
-  draws, ``--seed``: ``study.plan``), else *Welch* (``ttest_ind(equal_var=False)``, Welch–Satterthwaite df).
-  Paired differences that are all equal fall back to Welch. *undecided*: a side has < 2 seeds; *tie*: both sides
-  constant and equal; *no spread*: both sides constant and different (the t-test is 0/0): no p, never significant.
-- ``adjust``: Benjamini–Hochberg (false discovery rate) over the decided rows of one table: ``p_adj``; a row is
-  significant when ``p_adj <= 0.05``.
+- ``summarize``: one variant x one metric over n seeds: mean, sd (ddof = 1), se = sd/√n.
+- ``compare(a, b)``: Δ = mean_a − mean_b, its 95 % CI and two-sided p: *paired* (``ttest_rel``) when asked for and
+  both sides hold the same seeds (a study's seed fixes data order, ``--data.seed``, and probe draws, ``--seed``:
+  ``study.plan``), else *Welch* (``ttest_ind(equal_var=False)``); all-equal paired differences fall back to Welch.
+  No p: *undecided* (< 2 seeds a side), *tie* / *no spread* (both sides constant, equal / not: the t is 0/0).
+- ``adjust``: Benjamini–Hochberg over the rows of one table with a p; significant = ``p_adj <= 0.05``.
 - ``min_detectable`` / ``seeds_needed``: the smallest |Δ| a two-sided test at α = 0.05 detects with power 0.8
   (noncentral t, pooled seed sd), and the seeds a side that detect a given effect.
 - ``probability_of_improvement``: rliable's P(X > Y) + ½ P(X = Y), averaged over tasks, with a stratified
   percentile bootstrap CI (each task and side resampled on its own: ``scipy.stats.bootstrap``).
-
-    >>> d = compare(summarize([84.0, 86.0]), summarize([80.0, 82.0]))
-    >>> d.test, round(d.delta, 2), round(d.p, 4), round(d.df, 2)
-    ('Welch', 4.0, 0.1056, 2.0)
 """
 from __future__ import annotations
 
@@ -29,12 +23,10 @@ from scipy import stats as st
 from scipy.optimize import brentq
 
 ALPHA, POWER = 0.05, 0.8
-WELCH, PAIRED = "Welch", "paired"
 
-# The papers' effects (method − its baseline) keyed by the study's metric keys (analysis.report COLUMNS), from
-# docs/REFERENCE.md §1: entmax paper, DINO ViT-S/16: linear top-1 69.50 → 70.06, VOC 42.80 → 48.78, ADE20K
-# 19.85 → 21.97, Cityscapes 36.79 → 37.87, depth RMSE "0.004–0.005 lower" (the smaller); LaSt-ViT, PiB ViT-B/16
-# 42.7 → 55.1 (ImageNet; ``pib_voc`` is its demo analogue).
+# The papers' effects (method − baseline) by the study's metric keys, from docs/REFERENCE.md §1: entmax (DINO ViT-S/16)
+# top-1 69.50 → 70.06, VOC 42.80 → 48.78, ADE20K 19.85 → 21.97, Cityscapes 36.79 → 37.87, depth RMSE 0.004–0.005
+# lower (the smaller); LaSt-ViT PiB ViT-B/16 42.7 → 55.1 (ImageNet; ``pib_voc``: its demo analogue).
 PAPER_EFFECTS = {"imagenet_linear": 0.56, "voc_miou": 5.98, "ade20k_miou": 2.12, "cityscapes_miou": 1.08,
                  "nyuv2_rmse": -0.004, "sunrgbd_rmse": -0.004, "kitti_rmse": -0.004, "pib_imagenet": 12.4,
                  "pib_voc": 12.4}
@@ -72,7 +64,7 @@ def summary_from_stats(mean: float, std: float, n: int) -> Summary:
 @dataclass(frozen=True)
 class Difference:
     delta: float
-    test: str                          # WELCH | PAIRED | "undecided" | "tie" | "no spread"
+    test: str                          # "Welch" | "paired" | "undecided" | "tie" | "no spread"
     p: Optional[float] = None          # two-sided p of `test`; None: no test
     ci: Optional[tuple[float, float]] = None  # 95 % confidence interval of delta
     df: Optional[float] = None
@@ -102,9 +94,9 @@ def compare(a: Summary, b: Summary, paired: bool = False) -> Difference:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # scipy's precision warning on a constant side: its result is exact
         if pair and np.ptp(np.subtract(x, y)) > 0:
-            r, test = st.ttest_rel(x, y), PAIRED
+            r, test = st.ttest_rel(x, y), "paired"
         elif a.std > 0 or b.std > 0:
-            r, test = st.ttest_ind(x, y, equal_var=False), WELCH
+            r, test = st.ttest_ind(x, y, equal_var=False), "Welch"
         else:
             return Difference(delta, "tie" if delta == 0 else "no spread", mde=mde)
     ci = r.confidence_interval(1 - ALPHA)
@@ -114,9 +106,7 @@ def compare(a: Summary, b: Summary, paired: bool = False) -> Difference:
 def adjust(diffs: dict) -> dict:
     """Benjamini–Hochberg over the rows of one table that have a p: each gets its ``p_adj``."""
     keys = [k for k, d in diffs.items() if d.p is not None]
-    if not keys:
-        return dict(diffs)
-    q = st.false_discovery_control([diffs[k].p for k in keys], method="bh")
+    q = st.false_discovery_control([diffs[k].p for k in keys], method="bh") if keys else []
     return {**diffs, **{k: replace(diffs[k], p_adj=float(x)) for k, x in zip(keys, q)}}
 
 
@@ -129,10 +119,10 @@ def power(effect: float, sd: float, n_a: int, n_b: int) -> float:
 
 def min_detectable(sd: Optional[float], n_a: int, n_b: int) -> Optional[float]:
     """None without a seed sd (unknown, or 0: constant values give no test, so no detectable effect either)."""
-    if not sd or n_a < 2 or n_b < 2:
+    if not sd or min(n_a, n_b) < 2:
         return None
-    se = sd * math.sqrt(1 / n_a + 1 / n_b)
-    return float(brentq(lambda d: power(d, sd, n_a, n_b) - POWER, 0.0, 30 * se))  # nc = 30: power > 0.8 at df >= 2
+    end = 30 * sd * math.sqrt(1 / n_a + 1 / n_b)  # nc = 30: power > 0.8 at any df >= 2
+    return float(brentq(lambda d: power(d, sd, n_a, n_b) - POWER, 0.0, end))
 
 
 def seeds_needed(effect: float, sd: Optional[float], cap: int = 10_000) -> Optional[int]:
@@ -157,12 +147,10 @@ def _poi(*samples, axis=-1):
 
 def probability_of_improvement(xs: Sequence[Sequence[float]], ys: Sequence[Sequence[float]],
                                resamples: int = 2000, seed: int = 0) -> Optional[tuple[float, float, float]]:
-    """(estimate, CI low, CI high) of X over Y; xs[m], ys[m]: task m's seed values, signed so higher = better.
-    None without a task of >= 2 seeds a side."""
-    pairs = [(np.asarray(x, float), np.asarray(y, float)) for x, y in zip(xs, ys) if len(x) > 1 and len(y) > 1]
-    if not pairs:
+    """(estimate, CI low, CI high); xs[m], ys[m]: task m's seeds, higher = better; tasks with < 2 a side left out."""
+    samples = [np.asarray(s, float) for x, y in zip(xs, ys) if len(x) > 1 and len(y) > 1 for s in (x, y)]
+    if not samples:
         return None
-    samples = [s for p in pairs for s in p]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a constant task: a degenerate bootstrap, still a valid percentile CI
         r = st.bootstrap(samples, _poi, n_resamples=resamples, method="percentile", vectorized=True,
