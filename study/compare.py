@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Optional
 
 from tokenmix.io import atomic_write
+from tokenmix.stats import Difference, Summary, adjust, compare, summarize
 
 from .cells import read_plan, status
 from .plan import Spec
-from tokenmix.stats import Difference, Summary, adjust, compare, summarize
-
-from .report import Table, collect, fmt_diff, fmt_summary
+from .report import Table, collect, fmt_summary
+from .verdicts import fmt_diff
 
 
 def spec_from_plan(root: Path) -> Spec:
