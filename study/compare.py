@@ -58,10 +58,6 @@ def compare_row(variant: str, title: str, a: Optional[Summary], b: Optional[Summ
             f"| {word} |")
 
 
-def _point_mean(t: Table, variant: str, key: str, point: str) -> Optional[Summary]:
-    return summarize([v for _, v in t.curves.get((variant, key), {}).get(point, [])])
-
-
 def markdown(a: tuple[Spec, Table], b: tuple[Spec, Table], labels: tuple[str, str]) -> str:
     (sa, ta), (sb, tb) = a, b
     cols = [c for c in ta.columns if c.key in {k.key for k in tb.columns}]
@@ -83,10 +79,9 @@ def markdown(a: tuple[Spec, Table], b: tuple[Spec, Table], labels: tuple[str, st
               "|---|---|" + "---|" * len(points)]
         for v in variants:
             for c in cols:
-                cells = []
-                for p in points:
-                    x, y = _point_mean(ta, v, c.key, p), _point_mean(tb, v, c.key, p)
-                    cells.append(" / ".join("—" if s is None else f"{s.mean:.{c.digits}f}" for s in (x, y)))
+                means = [[summarize([x for _, x in t.curves.get((v, c.key), {}).get(p, [])]) for t in (ta, tb)]
+                         for p in points]
+                cells = [" / ".join("—" if s is None else f"{s.mean:.{c.digits}f}" for s in xy) for xy in means]
                 if any(s != "— / —" for s in cells):
                     L.append(f"| {v} | {c.title} | " + " | ".join(cells) + " |")
     return "\n".join(L) + "\n"

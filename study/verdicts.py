@@ -1,5 +1,4 @@
-"""How the study's reports word a difference (``tokenmix.stats`` computes it): Δ [95 % CI], p (adj.), the test; the
-verdict line; what a table can detect and the probability of improvement across its dense tasks."""
+"""How the study's reports word what ``tokenmix.stats`` computes: Δ [CI], p, verdicts, what a table can detect."""
 from __future__ import annotations
 
 from typing import Optional
@@ -17,10 +16,8 @@ def fmt_p(p: Optional[float]) -> str:
 
 def fmt_diff(d: Optional[Difference], digits: int) -> str:
     """'+2.03 [-0.90, +5.00], p = 0.09 (adj. 0.31), Welch': Δ, its 95 % CI, p, adjusted p and the row's test."""
-    if d is None:
-        return "—"
-    if d.p is None:
-        return f"{d.delta:+.{digits}f}, {NO_TEST[d.test]}"
+    if d is None or d.p is None:
+        return "—" if d is None else f"{d.delta:+.{digits}f}, {NO_TEST[d.test]}"
     lo, hi = d.ci
     return (f"{d.delta:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}], p = {fmt_p(d.p)} "
             f"(adj. {fmt_p(d.p_adj)}), {d.test}")

@@ -1,18 +1,11 @@
-"""Seed statistics on ``scipy.stats``: the one home of every verdict the study and its comparisons print.
-
-- ``summarize``: one variant x one metric over n seeds: mean, sd (ddof = 1), se = sd/√n.
-- ``compare(a, b)``: Δ = mean_a − mean_b, its 95 % CI and two-sided p: *paired* (``ttest_rel``) when asked for and
-  both sides hold the same seeds (a study's seed fixes data order, ``--data.seed``, and probe draws, ``--seed``:
-  ``study.plan``), else *Welch* (``ttest_ind(equal_var=False)``); all-equal paired differences fall back to Welch.
-  No p: *undecided* (< 2 seeds a side), *tie* / *no spread* (both sides constant, equal / not: the t is 0/0).
-- ``adjust``: Benjamini–Hochberg over the rows of one table with a p; significant = ``p_adj <= 0.05``.
-- ``min_detectable`` / ``seeds_needed``: the smallest |Δ| a two-sided test at α = 0.05 detects with power 0.8
-  (noncentral t, pooled seed sd), and the seeds a side that detect a given effect.
-- ``probability_of_improvement``: rliable's P(X > Y) + ½ P(X = Y), averaged over tasks, with a stratified
-  percentile bootstrap CI (each task and side resampled on its own: ``scipy.stats.bootstrap``).
+"""Seed statistics on ``scipy.stats``, the one home of the study's verdicts (docs/study.md, "Statistics"):
+``compare``: Δ, 95 % CI, p of the paired (same seeds, asked for) or Welch t-test, or why no test; ``adjust``:
+Benjamini–Hochberg over one table; ``min_detectable`` / ``seeds_needed``: power 0.8 at α = 0.05 (noncentral t);
+``probability_of_improvement``: rliable's, with a stratified percentile bootstrap CI.
 """
 from __future__ import annotations
 
+import bisect
 import math
 import warnings
 from dataclasses import dataclass, replace
@@ -89,8 +82,7 @@ def compare(a: Summary, b: Summary, paired: bool = False) -> Difference:
         return Difference(delta, "undecided")
     mde = min_detectable(pooled_sd([(a.n, a.std), (b.n, b.std)]), a.n, b.n)
     pair = paired and len(a.seeds) == a.n == b.n and sorted(a.seeds) == sorted(b.seeds) == sorted(set(a.seeds))
-    x = [v for _, v in sorted(zip(a.seeds, a.values))] if pair else a.values
-    y = [v for _, v in sorted(zip(b.seeds, b.values))] if pair else b.values
+    x, y = ([v for _, v in sorted(zip(s.seeds, s.values))] if pair else s.values for s in (a, b))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # scipy's precision warning on a constant side: its result is exact
         if pair and np.ptp(np.subtract(x, y)) > 0:
@@ -129,11 +121,7 @@ def seeds_needed(effect: float, sd: Optional[float], cap: int = 10_000) -> Optio
     """Seeds a side (equal n) for power 0.8 at |effect|; None when sd is unknown (or 0) or more than ``cap``."""
     if not sd or effect == 0 or power(effect, sd, cap, cap) < POWER:
         return None
-    lo, hi = 2, cap
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if power(effect, sd, mid, mid) >= POWER else (mid + 1, hi)
-    return lo
+    return 2 + bisect.bisect_left(range(2, cap + 1), True, key=lambda n: power(effect, sd, n, n) >= POWER)
 
 
 def _poi(*samples, axis=-1):
