@@ -6,9 +6,11 @@ the k-NN keeps rising), looked for on any set of runs.
     python -m analysis.training_curves runs/degradation/lazy1/softmax/pretrain/demo_long/version_0 ... \\
         --labels "p = 1,small data" --out docs/calibration-demo/degradation.png
 
-A measure *declined* in a run when its last value is below its best one (above, for ↓ measures) by more than
-``--band`` (default: 2 sd of that measure's evaluation noise, ``--band-json``: a calibration results.json whose
-``noise.half_width`` per measure is used; without it, any drop is listed with no verdict).
+A measure *declined* in a run when its drop from its best value to its last is beyond its evaluation noise:
+``--band-json`` (a calibration results.json) gives each measure's noise sd σ over ``replicates`` evaluations of one
+checkpoint; the drop of two evaluations has sd σ√2, so t = drop / (σ√2) on replicates − 1 df, one-sided p
+(scipy), Benjamini–Hochberg adjusted over the table; declined = adjusted p ≤ 0.05. The best point is picked on the
+same curve, so a drop is biased upwards. Without ``--band-json`` any drop is listed with no verdict.
 """
 from __future__ import annotations
 
@@ -65,26 +67,27 @@ def read_curves(run: Path) -> dict[str, Curve]:
     return out
 
 
-def bands_from(path: Optional[str]) -> dict[str, float]:
-    """Measure name -> half-width of its noise band, from a calibration results.json."""
+def bands_from(path: Optional[str]) -> dict[str, tuple[float, int]]:
+    """Measure name -> (noise sd, replicates) of one evaluation, from a calibration results.json."""
     if not path:
         return {}
     measures = json.loads(Path(path).read_text())["metrics"]["measures"]
-    return {k: float(m["noise"]["half_width"]) for k, m in measures.items() if m.get("noise")}
+    return {k: (float(m["noise"]["sd"]), int(m["noise"]["replicates"])) for k, m in measures.items()
+            if (m.get("noise") or {}).get("sd") and m["noise"].get("replicates", 0) > 1}
 
 
-def table(runs: dict[str, dict[str, Curve]], bands: dict[str, float]) -> str:
-    L = ["| run | measure | start | peak (step) | end | peak → end | declined |", "|---|---|---|---|---|---|---|"]
-    for label, curves in runs.items():
-        for tag, (title, lower, band_key) in MEASURES.items():
-            c = curves.get(tag)
-            if c is None:
-                continue
-            step, best = c.peak(lower)
-            drop, band = c.drop(lower), bands.get(band_key)
-            verdict = "—" if band is None else ("yes" if drop > band else "no") + f" (band {band:.3g})"
-            L.append(f"| {label} | {title} | {c.values[0]:.4g} | {best:.4g} ({step}) | {c.values[-1]:.4g} | "
-                     f"{-drop + 0.0:+.3g} | {verdict} |")
+def table(runs: dict[str, dict[str, Curve]], bands: dict[str, tuple[float, int]]) -> str:
+    from scipy import stats as st
+    L = ["| run | measure | start | peak (step) | end | peak → end | declined (p, adj.) |", "|---" * 7 + "|"]
+    rows = [(label, title, c, c.drop(lower), bands.get(key), c.peak(lower)) for label, curves in runs.items()
+            for tag, (title, lower, key) in MEASURES.items() for c in [curves.get(tag)] if c is not None]
+    ps = [st.t.sf(drop / (b[0] * 2 ** 0.5), b[1] - 1) if b else None for _, _, _, drop, b, _ in rows]
+    adj = iter(st.false_discovery_control([p for p in ps if p is not None]) if any(p is not None for p in ps) else [])
+    for (label, title, c, drop, b, (step, best)), p in zip(rows, ps):
+        q = None if p is None else float(next(adj))
+        verdict = "—" if q is None else f"{'yes' if q <= 0.05 else 'no'} (p = {p:.2g}, adj. {q:.2g}; sd {b[0]:.3g})"
+        L.append(f"| {label} | {title} | {c.values[0]:.4g} | {best:.4g} ({step}) | {c.values[-1]:.4g} | "
+                 f"{-drop + 0.0:+.3g} | {verdict} |")
     return "\n".join(L) + "\n"
 
 
@@ -116,7 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", help="pretraining run folders (…/pretrain/<preset>/version_N)")
     ap.add_argument("--labels", default="", help="one name per run, comma-separated (default: the folders)")
     ap.add_argument("--out", default="", help="PNG of the curves (and FILE.md beside it with the table)")
-    ap.add_argument("--band-json", default="", help="calibration results.json whose noise bands decide 'declined'")
+    ap.add_argument("--band-json", default="", help="calibration results.json whose noise sd decides 'declined'")
     args = ap.parse_args(argv)
     labels = [x.strip() for x in args.labels.split(",")] if args.labels else [str(r) for r in args.runs]
     if len(labels) != len(args.runs):

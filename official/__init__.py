@@ -11,4 +11,8 @@ deit.py       facebookresearch/deit models.py on timm 0.3.2's VisionTransformer;
 mae.py        facebookresearch/mae models_vit.py (global_pool, fc_norm)
 leopart.py    MkuuWaUjinga/leopart (and vpariza/NeCo): the overclustering evaluation
 hummingbird.py  vpariza/open-hummingbird-eval: the retrieval memory's training view
+
+Statistics (the references of tests/test_study_stats.py):
+r_ttest.py    R's t.test on R's sleep and mtcars data sets, the figures R prints
+rliable.py    google-research/rliable: probability_of_improvement, the stratified independent bootstrap
 """

@@ -1,17 +1,18 @@
 """Two finished studies side by side: the same variants and tasks under two conditions (e.g. demo data with and
-without the lazy-aggregation cue), Δ = B − A per variant and metric with the study's seed-noise rule.
+without the lazy-aggregation cue), Δ = B − A per variant and metric with the study's statistics (``tokenmix.stats``).
 
     python -m study.compare runs/study/sup_lazy0 runs/study/sup_lazy1 --labels "p = 0,p = 1" [--out FILE.md]
 
 Each study is read from its own plan.json and finished cells (``study.report.collect``: the same columns, the same
 picks of results.json), so the figures are those of each study's own report. Per variant and metric: A and B as
-mean ± std (n) at the last training point, Δ ± se_Δ (Welch, ``study.stats.compare``) and whether it is inside seed
-noise (|Δ| ≤ 2·se_Δ); then, where the studies evaluated several training points, the mean of each at every point.
+mean ± std (n) at the last training point, Δ [95 % CI], p (Benjamini–Hochberg adjusted over the table) and the test:
+*paired* by seed where both studies hold the same seeds (the same variant and seed: the same initial weights, data
+order and probe draws; only the condition differs), else Welch; then, where the studies evaluated several training
+points, the mean of each at every point.
 
     >>> a, b = summarize([10.0, 12.0, 14.0]), summarize([4.0, 6.0, 8.0])
-    >>> row = compare_row("softmax", "PiB", a, b, 2)
-    >>> row
-    '| softmax | PiB | 12.00 ± 2.00 (n=3) | 6.00 ± 2.00 (n=3) | -6.00 ± 1.63 | outside |'
+    >>> compare_row("softmax", "PiB", a, b, adjust({0: compare(b, a)})[0], 2)[-62:]
+    '| -6.00 [-10.53, -1.47], p = 0.021 (adj. 0.021), Welch | yes |'
 """
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ from pathlib import Path
 from typing import Optional
 
 from tokenmix.io import atomic_write
+from tokenmix.stats import Difference, Summary, adjust, compare, summarize
 
 from .cells import read_plan, status
 from .plan import Spec
 from .report import Table, collect, fmt_summary
-from .stats import Summary, compare, summarize
+from .verdicts import fmt_diff
 
 
 def spec_from_plan(root: Path) -> Spec:
@@ -48,19 +50,12 @@ def load_table(root: Path) -> tuple[Spec, Table]:
     return spec, collect(spec, cells, status(cells), baseline="")
 
 
-def compare_row(variant: str, title: str, a: Optional[Summary], b: Optional[Summary], digits: int) -> str:
-    """One markdown row: A, B, Δ = B − A ± se_Δ, inside / outside seed noise (undecided with < 2 seeds a side)."""
-    d = compare(b, a) if a and b else None
-    if d is None:
-        diff, word = "—", "—"
-    else:
-        diff = f"{d.delta:+.{digits}f} ± " + ("n/a" if d.se is None else f"{d.se:.{digits}f}")
-        word = "undecided" if d.inside_noise is None else "inside" if d.inside_noise else "outside"
-    return f"| {variant} | {title} | {fmt_summary(a, digits)} | {fmt_summary(b, digits)} | {diff} | {word} |"
-
-
-def _point_mean(t: Table, variant: str, key: str, point: str) -> Optional[Summary]:
-    return summarize([v for _, v in t.curves.get((variant, key), {}).get(point, [])])
+def compare_row(variant: str, title: str, a: Optional[Summary], b: Optional[Summary], d: Optional[Difference],
+                digits: int) -> str:
+    """One markdown row: A, B, Δ = B − A [CI], p (adj.), test; significant: adjusted p ≤ 0.05."""
+    word = "—" if d is None or d.p is None else "yes" if d.significant else "no"
+    return (f"| {variant} | {title} | {fmt_summary(a, digits)} | {fmt_summary(b, digits)} | {fmt_diff(d, digits)} "
+            f"| {word} |")
 
 
 def markdown(a: tuple[Spec, Table], b: tuple[Spec, Table], labels: tuple[str, str]) -> str:
@@ -69,14 +64,14 @@ def markdown(a: tuple[Spec, Table], b: tuple[Spec, Table], labels: tuple[str, st
     variants = [v for v in ta.variants if v in tb.variants]
     la, lb = labels
     L = [f"# {sa.name} ({la}) vs {sb.name} ({lb})", "",
-         f"Δ = {lb} − {la}; mean ± std (n) over seeds at the last training point; *inside* = |Δ| ≤ 2·se_Δ "
-         "(study.stats).", "",
-         f"| variant | metric | {la} | {lb} | Δ ± se_Δ | seed noise |", "|---|---|---|---|---|---|"]
-    for v in variants:
-        for c in cols:
-            sa_, sb_ = ta.summaries.get((v, c.key)), tb.summaries.get((v, c.key))
-            if sa_ or sb_:
-                L.append(compare_row(v, c.title, sa_, sb_, c.digits))
+         f"Δ = {lb} − {la} [95 % CI]; mean ± std (n) over seeds at the last training point; p of the row's test "
+         "(paired by seed where both hold the same seeds, else Welch) and, in brackets, adjusted (Benjamini–Hochberg "
+         "over this table); significant = adjusted p ≤ 0.05 (tokenmix.stats, docs/study.md).", "",
+         f"| variant | metric | {la} | {lb} | Δ [95 % CI], p (adj.), test | significant |", "|---|" * 5 + "---|"]
+    rows = [(v, c, ta.summaries.get((v, c.key)), tb.summaries.get((v, c.key))) for v in variants for c in cols]
+    rows = [r for r in rows if r[2] or r[3]]
+    diffs = adjust({i: compare(b_, a_, paired=True) for i, (_, _, a_, b_) in enumerate(rows) if a_ and b_})
+    L += [compare_row(v, c.title, a_, b_, diffs.get(i), c.digits) for i, (v, c, a_, b_) in enumerate(rows)]
     points = [p for p in ta.points if p in tb.points]
     if len(points) > 1:
         L += ["", "Over training (mean over seeds at each point; A / B):", "",
@@ -84,10 +79,9 @@ def markdown(a: tuple[Spec, Table], b: tuple[Spec, Table], labels: tuple[str, st
               "|---|---|" + "---|" * len(points)]
         for v in variants:
             for c in cols:
-                cells = []
-                for p in points:
-                    x, y = _point_mean(ta, v, c.key, p), _point_mean(tb, v, c.key, p)
-                    cells.append(" / ".join("—" if s is None else f"{s.mean:.{c.digits}f}" for s in (x, y)))
+                means = [[summarize([x for _, x in t.curves.get((v, c.key), {}).get(p, [])]) for t in (ta, tb)]
+                         for p in points]
+                cells = [" / ".join("—" if s is None else f"{s.mean:.{c.digits}f}" for s in xy) for xy in means]
                 if any(s != "— / —" for s in cells):
                     L.append(f"| {v} | {c.title} | " + " | ".join(cells) + " |")
     return "\n".join(L) + "\n"

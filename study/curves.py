@@ -4,7 +4,7 @@ Curve: per variant and metric, the mean ± std over seeds at every evaluated poi
 ``study.points.progress``). Degradation of a variant on a metric: its *best* point is the one with the best
 mean (highest, or lowest for ↓ metrics), its *last* point the latest evaluated one; the drop is computed per seed,
 d_s = value_s(best) − value_s(last) (sign flipped for ↓ metrics, so a positive drop is always "got worse"), and
-reported as mean ± std with se = std/√n. It is *outside seed noise* when mean > 2·se. Picking the best point on
+reported as mean ± std with the p of the one-sided one-sample t-test of drop > 0 (scipy). Picking the best point on
 the same seeds biases the drop upwards (with many points and few seeds a small positive drop is expected even
 from noise alone); the report says so.
 
@@ -18,8 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from scipy import stats as st
+
+from tokenmix.stats import Summary, summarize
+
 from .points import FINAL
-from .stats import Summary, summarize
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,9 @@ class Degradation:
     drop: Summary       # per-seed drops (positive = worse at the last point)
 
     @property
-    def outside_noise(self) -> Optional[bool]:
-        return None if self.drop.se is None else self.drop.mean > 2 * self.drop.se
+    def p(self) -> Optional[float]:
+        """One-sided one-sample t-test of drop > 0; None with < 2 seeds or no spread (0/0)."""
+        return float(st.ttest_1samp(self.drop.values, 0.0, alternative="greater").pvalue) if self.drop.std else None
 
 
 def point_summaries(curve: dict, points: Sequence[str]) -> dict[str, Summary]:

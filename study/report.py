@@ -3,8 +3,8 @@
 Metrics are the columns of ``analysis.report`` (``COLUMNS`` + ``EXTRA_COLUMNS``: same titles, same pick of the
 number out of results.json; ``study.tasks`` adds the head-free probes' columns, titled after them) and the papers'
 rows are its ``paper_table()``; nothing is copied here. Each cell is mean ± std over seeds with n; Δ to the
-baseline carries ≈ when inside seed noise (``study.stats``). A given checkpoint (``--checkpoint``) is a row of its
-own: one run, no std and no Δ verdict.
+baseline carries its 95 % CI, p and adjusted p (``tokenmix.stats``). A given checkpoint (``--checkpoint``) is a row
+of its own: one run, no std and no Δ verdict.
 
     >>> table = collect(spec, cells, status(cells))  # doctest: +SKIP
     >>> write_report(spec, table, Path("reports"))          # doctest: +SKIP
@@ -20,21 +20,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from scipy import stats as st
+
 from analysis.report import COLUMNS, EXTRA_COLUMNS, NOT_REPORTED, NOT_RUN, PAPER_NOTES, paper_table
 from analysis.report_plots import save_png
 from datamodules.demo import is_demo
 from tokenmix import paths
 from tokenmix.io import atomic_write
+from tokenmix.stats import ALPHA, PAPER_EFFECTS as EFF, Summary, adjust, compare, summarize
 
 from .curves import degradation, plot_task, point_label
 from .cells import Cell
 from .plan import Spec
 from .points import FINAL, progress
 from .results import read_result
-from .stats import Difference, Summary, compare, summarize
 from .tasks import headless_columns, training_columns, training_values
+from .verdicts import fmt_diff, fmt_p, power_lines, verdict
 
-INSIDE = "≈"
 
 
 def columns_for(task: str, source: str, data: str) -> list:
@@ -108,16 +110,17 @@ def collect(spec: Spec, cells: list[Cell], done: dict, baseline: str = "softmax"
     keep = [c for c in t.columns if any(k == c.key for _, k in t.values) or c.task not in finished]
     t.columns = sorted(keep, key=lambda c: order[c.key])
     for (v, k), vals in t.values.items():
-        t.summaries[(v, k)] = summarize([x for _, x, _ in vals])
+        t.summaries[(v, k)] = summarize([x for _, x, _ in vals], [sd for sd, _, _ in vals])
     for col in t.columns:
         b = t.summaries.get((base, col.key))
         for v in t.variants:
             a = t.summaries.get((v, col.key))
             if a and b and v != base and col.delta:
-                t.diffs[(v, col.key)] = compare(a, b)
+                t.diffs[(v, col.key)] = compare(a, b, paired=True)  # a seed fixes data order and probe draws
             d = degradation(t.curves.get((v, col.key), {}), t.points, col.lower_is_better)
             if d is not None:
                 t.degradation[(v, col.key)] = d
+    t.diffs = adjust(t.diffs)  # Benjamini–Hochberg over the whole table
     return t
 
 
@@ -133,26 +136,6 @@ def fmt_summary(s: Optional[Summary], digits: int) -> str:
 def fmt_single(s: Optional[Summary], digits: int) -> str:
     """A given checkpoint's value: one run, so no spread to show."""
     return NOT_RUN if s is None else f"{s.mean:.{digits}f} (single run)"
-
-
-def fmt_diff(d: Optional[Difference], digits: int) -> str:
-    if d is None:
-        return "—"
-    se = "n/a" if d.se is None else f"{d.se:.{digits}f}"
-    mark = f" {INSIDE}" if d.inside_noise else ""
-    return f"{d.delta:+.{digits}f} ± {se}{mark}"
-
-
-def verdict(variant: str, baseline: str, col, d: Difference) -> str:
-    """'entmax vs softmax: +1.20 ± 0.41, outside seed noise (higher is better: entmax better)'."""
-    head = f"{variant} vs {baseline}: {fmt_diff(d, col.digits).rstrip(' ' + INSIDE)}"
-    if d.inside_noise is None:
-        return f"{head}, seed noise unknown (fewer than 2 seeds on a side)"
-    if d.inside_noise:
-        return f"{head}, inside seed noise (|Δ| ≤ 2·{d.se:.{col.digits}f})"
-    better = (d.delta < 0) if col.lower_is_better else (d.delta > 0)
-    return (f"{head}, outside seed noise (|Δ| > 2·{d.se:.{col.digits}f}): {variant} "
-            f"{'better' if better else 'worse'}")
 
 
 def _paper_cell(row: dict, col, delta: bool) -> str:
@@ -200,8 +183,9 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
          f"`{spec.data}`; tasks "
          f"{', '.join(spec.tasks)}. State and runs: `{_shown(spec.root)}`.", "",
          "Each cell: mean ± sample standard deviation over seeds (n = seeds measured). Δ = mean − mean of "
-         f"`{t.baseline or 'no baseline'}`, ± its standard error se_Δ = sqrt(se_a² + se_b²) with se = std/sqrt(n); "
-         f"{INSIDE} = inside seed noise, i.e. |Δ| ≤ 2·se_Δ. ↓ = lower is better. "
+         f"`{t.baseline or 'no baseline'}` [95 % CI], two-sided p and (adj.) its Benjamini–Hochberg value over every "
+         "row of the table; *paired* t-test where both sides hold the same seeds (a study seed fixes the data order "
+         "and the probe's draws), else *Welch* (docs/study.md). Significant = adj. p ≤ 0.05. ↓ = lower is better. "
          f"'{NOT_RUN}' = no finished cell; '{NOT_REPORTED}' = the paper gives no number."]
     if is_demo(spec.data):
         L += ["", "Measured on the generated demo data (columns are the demo analogues: demo ImageFolder for "
@@ -213,7 +197,7 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
     for p in papers:
         L.append(f"| *{p['row']}* | " + " | ".join(_paper_cell(p, c, False) for c in t.columns) + " |")
     L += checkpoint_lines(spec)
-    L += ["", f"## Difference to {t.baseline} (Δ ± se_Δ; {INSIDE} = inside seed noise)", "",
+    L += ["", f"## Difference to {t.baseline} (Δ [95 % CI], p (adjusted), test)", "",
           "| variant | " + " | ".join(heads) + " |", sep]
     for v in t.variants:
         if v != t.baseline:
@@ -223,7 +207,7 @@ def markdown(spec: Spec, t: Table, plots: list[str], command: str) -> str:
                                                                           for c in t.columns) + " |")
     if not papers:
         L += ["", "The papers report none of these columns (reference rows: `make report`)."]
-    L += [""] + [f"- {n}" for n in PAPER_NOTES] + ["", "## Verdicts", ""]
+    L += [""] + [f"- {n}" for n in PAPER_NOTES] + [""] + power_lines(spec, t) + ["## Verdicts", ""]
     for c in t.columns:
         lines = [verdict(v, t.baseline, c, t.diffs[(v, c.key)]) for v in t.variants if (v, c.key) in t.diffs]
         if lines:
@@ -277,20 +261,21 @@ def over_training_lines(t: Table, spec: Spec, plots: list[str]) -> list[str]:
          + f" of {spec.max_epochs} epochs. The tables above use the last point.", "",
          "**Degradation**: the drop from each variant's best point (best mean over seeds) to its last, per seed "
          "(value at best − value at last; sign flipped for ↓ metrics, so positive = worse at the end), mean ± std "
-         "(n); ‼ = outside seed noise (mean > 2·se, se = std/√n). The best point is chosen on the same seeds, so "
-         "the drop is biased upwards: a small positive drop inside the noise is what noise alone gives.", "",
-         "| metric | variant | best point | mean at best | mean at last | drop (per seed) | seeds |",
-         "|---|---|---|---|---|---|---|"]
-    for col in t.columns:
-        for v in t.variants:
-            d = t.degradation.get((v, col.key))
-            if d is None:
-                continue
-            mark = " ‼" if d.outside_noise else ""
-            drop = fmt_summary(d.drop, col.digits)
-            seeds = " ".join(f"{x:+.{col.digits}f}" for x in d.drop.values)
-            L.append(f"| {col.title} | {v} | {point_label(d.best)} | {d.best_mean:.{col.digits}f} | "
-                     f"{d.last_mean:.{col.digits}f} | {drop}{mark} | {seeds} |")
+         "(n), p of the one-sided one-sample t-test of drop > 0 (adjusted: Benjamini–Hochberg over this table); "
+         "‼ = adjusted p ≤ 0.05. The best point is chosen on the same seeds, so the drop is biased upwards: a small "
+         "positive drop is what noise alone gives.", "",
+         "| metric | variant | best point | mean at best | mean at last | drop (per seed) | p (adj.) | seeds |",
+         "|---|---|---|---|---|---|---|---|"]
+    rows = [(c, v, t.degradation[(v, c.key)]) for c in t.columns for v in t.variants if (v, c.key) in t.degradation]
+    tested = [d.p for _, _, d in rows if d.p is not None]
+    adj = iter(st.false_discovery_control(tested, method="bh") if tested else [])
+    for col, v, d in rows:
+        q = None if d.p is None else float(next(adj))
+        mark = " ‼" if q is not None and q <= ALPHA else ""
+        seeds = " ".join(f"{x:+.{col.digits}f}" for x in d.drop.values)
+        L.append(f"| {col.title} | {v} | {point_label(d.best)} | {d.best_mean:.{col.digits}f} | "
+                 f"{d.last_mean:.{col.digits}f} | {fmt_summary(d.drop, col.digits)}{mark} | {fmt_p(d.p)} "
+                 f"({fmt_p(q)}) | {seeds} |")
     if plots:
         L += ["", "Curves: mean over seeds (line) ± std (band); the baseline black and dashed.", ""]
         L += [f"![{p}]({p})" for p in plots]
@@ -322,28 +307,28 @@ def cost_lines(t: Table) -> list[str]:
 def write_csv(spec: Spec, t: Table, path: Path) -> None:
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["kind", "variant", "column", "title", "n", "mean", "std", "se", "delta_vs_baseline", "delta_se",
-                "inside_noise", "values_by_seed"])
+    head = ["kind", "variant", "column", "title", "n", "mean", "std", "se", "delta_vs_baseline", "test", "df", "p",
+            "p_adj", "significant", "ci_low", "ci_high", "mde", "paper_effect", "values_by_seed"]
+    w.writerow(head)
+    g = lambda x, f=".6g": "" if x is None else format(x, f)  # noqa: E731  (p and CI in full: checkable)
+    row = lambda *a: w.writerow(list(a) + [""] * (len(head) - len(a)))  # noqa: E731
     for c in t.columns:
         for v in t.variants:
             s, d = t.summaries.get((v, c.key)), t.diffs.get((v, c.key))
             if s is None:
-                w.writerow(["measured", v, c.key, c.title, 0, NOT_RUN, "", "", "", "", "", ""])
+                row("measured", v, c.key, c.title, 0, NOT_RUN)
                 continue
-            g = lambda x: "" if x is None else f"{x:.6g}"  # noqa: E731
-            w.writerow(["measured", v, c.key, c.title, s.n, g(s.mean), g(s.std), g(s.se),
-                        g(d.delta if d else None), g(d.se if d else None),
-                        "" if d is None or d.inside_noise is None else str(d.inside_noise).lower(),
-                        " ".join(f"{sd}:{x:.6g}" for sd, x, _ in sorted(t.values[(v, c.key)]))])
+            lo, hi = d.ci if d and d.ci else (None, None)
+            tested = [d.test, g(d.df), g(d.p, ".17g"), g(d.p_adj, ".17g"), str(d.significant).lower(),
+                      g(lo, ".17g"), g(hi, ".17g"), g(d.mde), g(EFF.get(c.key))] if d else [""] * 9
+            w.writerow(["measured", v, c.key, c.title, s.n, g(s.mean), g(s.std), g(s.se), g(d.delta if d else None),
+                        *tested, " ".join(f"{sd}:{float(x)!r}" for sd, x, _ in sorted(t.values[(v, c.key)]))])
         for n in t.checkpoints:  # one run: no std, no seed, no Δ
             s = t.summaries.get((n, c.key))
-            w.writerow(["checkpoint", n, c.key, c.title, s.n if s else 0, f"{s.mean:.6g}" if s else NOT_RUN,
-                        "", "", "", "", "", ""])
+            row("checkpoint", n, c.key, c.title, s.n if s else 0, f"{s.mean:.6g}" if s else NOT_RUN)
         for p in paper_table():
             if p.get(c.key) is not None:
-                dl = p.get(f"{c.key}_delta")
-                w.writerow(["paper", p["row"], c.key, c.title, "", f"{p[c.key]:.6g}", "", "",
-                            "" if dl is None else f"{dl:.6g}", "", "", ""])
+                row("paper", p["row"], c.key, c.title, "", f"{p[c.key]:.6g}", "", "", g(p.get(f"{c.key}_delta")))
     with atomic_write(path, "w") as f:
         f.write(buf.getvalue())
 

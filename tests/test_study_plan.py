@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from scipy import stats as st
 
 import study.local
 from study.__main__ import main
@@ -132,34 +133,47 @@ def test_runs_everything_once_then_reuses_and_reports(tmp_path, fake, capsys):
     seeds = sorted((_flag(c, "--variant"), _flag(c, "--seed_everything"), _flag(c, "--data.seed"))
                    for c in fake.calls[:4])
     assert seeds == [("entmax", "0", "0"), ("entmax", "1", "1"), ("softmax", "0", "0"), ("softmax", "1", "1")]
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "pretraining 4/4, evaluations 12/12" in err and "ETA" in err
-
+    # before launching: what 2 seeds detect, in seed sd (no earlier report yet)
+    assert "[study] 2 seeds a side detect |Δ| ≥ 5.65 seed sd (two-sided t-test, α = 0.05, power 0.8); no earlier" in out
     fake.calls.clear()
     assert main(_argv(tmp_path)) == 0  # nothing new to run
     assert fake.calls == []
     out = capsys.readouterr().out
     assert "done 16/16 cells; to run: 0 pretraining, 0 evaluations" in out
+    # now at the last report's seed sd: PiB sd pooled from 7.07 and 1.41 (n = 2 each): sqrt((50 + 2) / 2) = 5.10;
+    # MDE 5.65 sd = 28.8; 12.4 = 2.43 sd needs 4 seeds a side (tests/test_study_stats.py checks the power figures)
+    assert "At the seed sd of " in out and "PiB VOC ([CLS]): sd 5.1, |Δ| ≥ 28.8; the paper's +12.4 needs 4 seeds" in out
+    assert "VOC mIoU:" not in out  # sd 0 (constant over seeds): nothing to say
 
     md = (tmp_path / "report_s" / "study.md").read_text()
-    # softmax k-NN 80, 82: mean 81, std sqrt(2) = 1.41, se 1; entmax 85, 89: mean 87, std 2.83, se 2
-    # delta 6, se_delta sqrt(1 + 4) = 2.24, 2 se = 4.47 < 6 -> outside
+    # softmax k-NN 80, 82: mean 81, std sqrt(2) = 1.41; entmax 85, 89: mean 87, std 2.83. Same seeds: paired
+    # (differences 5, 7), p of scipy's ttest_rel; PiB: 45, 47 vs 40, 50 (differences 5, -3); BH over the two
     assert "| softmax | 81.00 ± 1.41 (n=2) |" in md
     assert "| entmax | 87.00 ± 2.83 (n=2) |" in md
-    assert "entmax vs softmax: +6.00 ± 2.24, outside seed noise (|Δ| > 2·2.24): entmax better" in md
-    # PiB: softmax 40, 50 (mean 45, se 5); entmax 45, 47 (mean 46, se 1): delta 1, se sqrt(26) = 5.10 -> inside
-    assert "45.00 ± 7.07 (n=2)" in md and "+1.00 ± 5.10 ≈" in md
-    assert "entmax vs softmax: +1.00 ± 5.10, inside seed noise" in md
-    # VOC: both variants constant over seeds (std 0): delta 1 with se 0 -> outside
-    assert "entmax vs softmax: +1.00 ± 0.00, outside seed noise" in md
+    knn, pib = st.ttest_rel([85.0, 89.0], [80.0, 82.0]), st.ttest_rel([45.0, 47.0], [40.0, 50.0])
+    q = st.false_discovery_control([knn.pvalue, pib.pvalue], method="bh")
+    lo, hi = knn.confidence_interval()
+    assert (f"entmax vs softmax: Δ = +6.00 [{lo:+.2f}, {hi:+.2f}], p = {knn.pvalue:.2g} (adj. {q[0]:.2g}), paired: "
+            "not significant; detectable at these seeds: |Δ| ≥ ") in md
+    assert "45.00 ± 7.07 (n=2)" in md and f"+1.00 [{pib.confidence_interval()[0]:+.2f}, " in md
+    assert f"p = {pib.pvalue:.2g} (adj. {q[1]:.2g}), paired: not significant" in md
+    # VOC: both variants constant over seeds (std 0): no test (scipy's 0/0), never significant
+    assert "entmax vs softmax: Δ = +1.00, no spread on either side: no test" in md
+    assert "inside" not in md and "outside" not in md
+    # probability of improvement across the dense tasks (VOC only: 31, 31 against 30, 30): 1 in every resample
+    assert "across the dense tasks (VOC mIoU;" in md and "- entmax: 1.00 [1.00, 1.00]" in md
     # the papers' rows (analysis.report's reference table) and the per-seed values
     assert "*paper: Entmax-1.5 (entmax paper, DINO ViT-S/16 200 ep)* | not reported | 48.78 |" in md
     assert "| entmax | 1 | 89.00 | 31.00 | 47.00 |" in md
     with open(tmp_path / "report_s" / "study.csv") as f:
         rows = {(r["kind"], r["variant"], r["column"]): r for r in csv.DictReader(f)}
     r = rows[("measured", "entmax", "imagenet_knn")]
-    assert (r["n"], r["mean"], r["delta_vs_baseline"], r["inside_noise"], r["values_by_seed"]) == \
-        ("2", "87", "6", "false", "0:85 1:89")
+    assert (r["n"], r["mean"], r["delta_vs_baseline"], r["test"], r["significant"], r["values_by_seed"]) == \
+        ("2", "87", "6", "paired", "false", "0:85.0 1:89.0")
+    assert (float(r["p"]), float(r["p_adj"]), float(r["ci_low"])) == pytest.approx((knn.pvalue, q[0], lo), rel=1e-12)
+    assert rows[("measured", "entmax", "voc_miou")]["test"] == "no spread"
     assert rows[("paper", "paper: CLS baseline (entmax paper, DINO ViT-S/16 200 ep)", "voc_miou")]["mean"] == "42.8"
     assert (tmp_path / "report_s" / "study_imagenet_knn.png").stat().st_size > 1000
 
@@ -276,12 +290,16 @@ def test_at_keeps_points_evaluates_each_reuses_and_reports_curves(tmp_path, fake
     md = (tmp_path / "rep" / "study.md").read_text()
     assert "| softmax | 81.00 ± 1.41 (n=2) |" in md  # the main table: the last point
     # degradation, k-NN: softmax best at epoch 1 (83.5 > 81); per-seed drops 84-80 = 4, 83-82 = 1: mean 2.5,
-    # std 2.12, se 1.5 -> 2.5 <= 3: inside noise (no ‼)
-    assert "| ImageNet k-NN top-1 (k=20) | softmax | epoch 1 | 83.50 | 81.00 | 2.50 ± 2.12 (n=2) | +4.00 +1.00 |" in md
+    # std 2.12; one-sided t-test of drop > 0 (scipy), BH over the two tested rows: no ‼
+    p = [st.ttest_1samp(x, 0.0, alternative="greater").pvalue for x in ([4.0, 1.0], [1.0, -1.0])]
+    q = st.false_discovery_control(p, method="bh")
+    assert (f"| ImageNet k-NN top-1 (k=20) | softmax | epoch 1 | 83.50 | 81.00 | 2.50 ± 2.12 (n=2) | {p[0]:.2g} "
+            f"({q[0]:.2g}) | +4.00 +1.00 |") in md
     # entmax: 87 at both points, the earlier one is "best"; drops 86-85 = 1, 88-89 = -1
-    assert "| ImageNet k-NN top-1 (k=20) | entmax | epoch 1 | 87.00 | 87.00 | 0.00 ± 1.41 (n=2) | +1.00 -1.00 |" in md
-    # VOC entmax: 30 then 31, best at the end: no drop
-    assert "| VOC mIoU | entmax | end | 31.00 | 31.00 | 0.00 ± 0.00 (n=2) | +0.00 +0.00 |" in md
+    assert (f"| ImageNet k-NN top-1 (k=20) | entmax | epoch 1 | 87.00 | 87.00 | 0.00 ± 1.41 (n=2) | {p[1]:.2g} "
+            f"({q[1]:.2g}) | +1.00 -1.00 |") in md
+    # VOC entmax: 30 then 31, best at the end: no drop, no spread: no test
+    assert "| VOC mIoU | entmax | end | 31.00 | 31.00 | 0.00 ± 0.00 (n=2) | — (—) | +0.00 +0.00 |" in md
     assert "| VOC mIoU | softmax | 30.00 ± 0.00 (n=2) | 30.00 ± 0.00 (n=2) |" in md  # the curve table
     for task in ("knn", "voc"):
         assert (tmp_path / "rep" / f"study_curve_{task}.png").stat().st_size > 1000
@@ -314,7 +332,8 @@ def test_retrieval_is_a_study_task_with_its_column_and_curve(tmp_path, fake):
     assert "| softmax | 30.00 ± 0.00 (n=2) | 41.00 ± 1.41 (n=2) |" in md  # (40 + 42) / 2, not the 1,024 memory's 1
     assert "| entmax | 31.00 ± 0.00 (n=2) | 46.00 ± 2.83 (n=2) |" in md
     # softmax is best at epoch 1 (43 > 41): drops 41-40 = 1 and 45-42 = 3 per seed, mean 2.00
-    assert f"| {title} | softmax | epoch 1 | 43.00 | 41.00 | 2.00 ± 1.41 (n=2) | +1.00 +3.00 |" in md
+    p = st.ttest_1samp([1.0, 3.0], 0.0, alternative="greater").pvalue  # the only tested drop: adjusted = itself
+    assert f"| {title} | softmax | epoch 1 | 43.00 | 41.00 | 2.00 ± 1.41 (n=2) | {p:.2g} ({p:.2g}) | +1.00 +3.00 |" in md
     assert (tmp_path / "rep" / "study_curve_voc_retrieval.png").stat().st_size > 1000
     fake.calls.clear()
     assert main(argv) == 0 and fake.calls == []  # the cells are found again (results under voc_retrieval/)
@@ -397,9 +416,10 @@ def test_the_runs_own_summary_is_a_column(tmp_path, fake):
     fake.top1 = {("softmax", 0): 70.0, ("softmax", 1): 74.0, ("entmax", 0): 75.0, ("entmax", 1): 77.0}
     assert main(_argv(tmp_path, "t", "--tasks", "knn")) == 0
     md = (tmp_path / "report_t" / "study.md").read_text()
-    # softmax 70, 74: mean 72, std 2.83, se 2; entmax 75, 77: mean 76, se 1; Δ 4, se √5 = 2.24, 2 se = 4.47: inside
+    # softmax 70, 74: mean 72, std 2.83; entmax 75, 77: mean 76; paired differences 5, 3: scipy's ttest_rel
     assert "| softmax | 72.00 ± 2.83 (n=2) | 81.00 ± 1.41 (n=2) |" in md
-    assert "run's val top-1 (supervised)" in md and "entmax vs softmax: +4.00 ± 2.24, inside seed noise" in md
+    p = st.ttest_rel([75.0, 77.0], [70.0, 74.0]).pvalue
+    assert "run's val top-1 (supervised)" in md and f"entmax vs softmax: Δ = +4.00 [" in md and f"p = {p:.2g}" in md
     assert "| entmax | 1 | 77.00 | 89.00 |" in md
 
 

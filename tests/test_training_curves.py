@@ -1,8 +1,10 @@
 """analysis.training_curves: the curves read back from a run's TensorBoard scalars, the peak and the peak → end
 drop per measure, and the 'declined' verdict against a calibration noise band, all checked by hand."""
 import json
+import math
 
 import pytest
+from scipy import stats as st
 from torch.utils.tensorboard import SummaryWriter
 
 from analysis.training_curves import main, read_curves
@@ -29,13 +31,18 @@ def test_peak_drop_and_verdict_by_hand(tmp_path, capsys):
     assert c["diffusion_cls_patch_cosine"].drop(True) == pytest.approx(0.05)
     band = tmp_path / "cal.json"
     band.write_text(json.dumps({"metrics": {"measures": {
-        "dense_mIoU": {"noise": {"half_width": 3.0}}, "diffusion_cls_patch_cosine": {"noise": {"half_width": 0.08}},
-        "knn_top1": {"noise": {"half_width": 1.0}}}}}))
+        "dense_mIoU": {"noise": {"sd": 0.5, "replicates": 10}},
+        "diffusion_cls_patch_cosine": {"noise": {"sd": 0.04, "replicates": 5}},
+        "knn_top1": {"noise": {"sd": 0.5, "replicates": 5}}, "diffusion_pib_cls": {"noise": {"sd": None, "replicates": 1}}}}}))
     assert main([str(run), "--labels", "x", "--band-json", str(band), "--out", str(tmp_path / "c.png")]) == 0
     md = capsys.readouterr().out
-    assert "| x | ridge seg. mIoU (%) | 20 | 27 (200) | 23 | -4 | yes (band 3) |" in md  # 4 > 3
-    assert "| x | cos(patch, [CLS]) ↓ | 0.2 | 0.1 (300) | 0.15 | -0.05 | no (band 0.08) |" in md  # 0.05 < 0.08
-    assert "| x | k-NN top-1 (%) | 80 | 86 (600) | 86 | +0 | no (band 1) |" in md
+    # a drop is the difference of two evaluations, each with noise sd: t = drop / (sd·√2), one-sided, replicates - 1 df
+    p = [st.t.sf(4.0 / (0.5 * math.sqrt(2)), 9), st.t.sf(0.05 / (0.04 * math.sqrt(2)), 4), 0.5]  # ridge, cos, k-NN
+    q = st.false_discovery_control(p, method="bh")  # adjusted over the table's three tested rows
+    assert p[0] < 0.001 and q[1] > 0.05
+    assert f"| x | ridge seg. mIoU (%) | 20 | 27 (200) | 23 | -4 | yes (p = {p[0]:.2g}, adj. {q[0]:.2g}; sd 0.5) |" in md
+    assert f"| x | cos(patch, [CLS]) ↓ | 0.2 | 0.1 (300) | 0.15 | -0.05 | no (p = {p[1]:.2g}, adj. {q[1]:.2g}; " in md
+    assert "| x | k-NN top-1 (%) | 80 | 86 (600) | 86 | +0 | no (p = 0.5, adj. 0.5; sd 0.5) |" in md
     assert (tmp_path / "c.png").stat().st_size > 1000 and (tmp_path / "c.md").read_text() == md
 
 
