@@ -175,7 +175,7 @@ def value(ev: Evaluation, key: str, idx: Optional[torch.Tensor] = None, seed: in
     if key in PROBE_VALUES:
         return float(PROBE_VALUES[key](ev, idx, seed))
     m = BY_KEY[key]
-    return float(m.value(sums_of(ev.attn if m.images == "attn" else ev.val, idx)))
+    return float(m.value(sums_of(ev.attn if m.images == "attn" else ev.val, idx, m.terms)))
 
 
 def images_of(ev: Evaluation, key: str) -> int:

@@ -51,10 +51,11 @@ class Measure:
     paper: Optional[str] = None  # its PAPER_EFFECTS entry (the papers' effect on this measure or its analogue)
     value: Optional[Callable[[Sums], float]] = None  # per-image measures: the value from the sums
     images: str = "val"          # the images it reads: "val", "attn" (the first attn_images), "knn"
+    terms: tuple[str, ...] = ()  # the image_record terms ``value`` reads
 
 
-def _per(num: str, den: str, scale: float = 1.0) -> Callable[[Sums], float]:
-    return lambda s: scale * float(s[num]) / max(float(s[den]), 1.0)
+def _per(num: str, den: str, scale: float = 1.0) -> dict:
+    return {"value": lambda s: scale * float(s[num]) / max(float(s[den]), 1.0), "terms": (num, den)}
 
 
 MEASURES: tuple[Measure, ...] = (
@@ -63,16 +64,17 @@ MEASURES: tuple[Measure, ...] = (
     Measure("dense_mAcc", "ridge seg. mean class accuracy", "%", Direction.DOWN),
     Measure("dense_retrieval_mIoU", "retrieval mIoU", "%", Direction.DOWN, "voc_mIoU"),
     Measure("dense_overcluster_mIoU", "overclustering mIoU", "%", Direction.DOWN, "voc_mIoU"),
-    Measure("diffusion_pib_cls", "Point-in-Box [CLS]", "%", Direction.DOWN, "pib", _per("pib_hits", "box_images", 100)),
+    Measure("diffusion_pib_cls", "Point-in-Box [CLS]", "%", Direction.DOWN, "pib",
+            **_per("pib_hits", "box_images", 100)),
     Measure("diffusion_patch_score_spread", "Patch Score spread", "cos", Direction.DOWN, None,
-            _per("spread", "images")),
-    Measure("diffusion_cls_patch_cosine", "cos(patch, [CLS])", "cos", Direction.UP, None, _per("cosine", "images")),
+            **_per("spread", "images")),
+    Measure("diffusion_cls_patch_cosine", "cos(patch, [CLS])", "cos", Direction.UP, None, **_per("cosine", "images")),
     Measure("diffusion_effective_rank", "effective rank", "dims", Direction.DOWN, None,
-            lambda s: effective_rank_from_gram(s["gram"])),
+            lambda s: effective_rank_from_gram(s["gram"]), terms=("gram",)),
     Measure("diffusion_attn_entropy", "attention entropy", "nats", Direction.UP, None,
-            _per("entropy", "attn_images"), "attn"),
+            images="attn", **_per("entropy", "attn_images")),
     Measure("diffusion_attn_zero_share", "attention exact zeros", "share", Direction.DOWN, None,
-            _per("zero_share", "attn_images"), "attn"),
+            images="attn", **_per("zero_share", "attn_images")),
     Measure("knn_top1", "[CLS] k-NN top-1", "%", Direction.NONE, "top1", images="knn"),
 )
 BY_KEY = {m.key: m for m in MEASURES}
@@ -101,6 +103,7 @@ def image_record(cls: torch.Tensor, patch: torch.Tensor, masks: Sequence[torch.T
     return rec
 
 
-def sums_of(records: dict[str, torch.Tensor], idx: Optional[torch.Tensor] = None) -> Sums:
-    """The sums of per-image ``records`` (concatenated ``image_record`` terms) over images ``idx`` (None: all)."""
-    return {k: (v if idx is None else v[idx]).sum(0) for k, v in records.items()}
+def sums_of(records: dict[str, torch.Tensor], idx: Optional[torch.Tensor] = None, terms=None) -> Sums:
+    """The sums of per-image ``records`` (concatenated ``image_record`` terms; only ``terms`` if given) over images
+    ``idx`` (None: all)."""
+    return {k: (v if idx is None else v[idx]).sum(0) for k, v in records.items() if terms is None or k in terms}
