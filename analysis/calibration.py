@@ -14,7 +14,7 @@ training-seed sd with ``--seed-sd``; ``tokenmix.noise``). Then:
   the k-NN: se ∝ 1/√n);
 - beside it the papers' effect (``PAPER_EFFECTS``): a measure whose detectable change exceeds it is labelled
   "cannot see the papers' effect at this size"; one that never detects, "not detected";
-- doses where the interval excludes 0 on the wrong side, and whether the point estimates are monotone;
+- doses where the interval excludes 0 on the wrong side, and whether the values are monotone in a (either way);
 - a measure that cannot respond (exact zeros when the undosed backbone has none, as softmax) is "not applicable";
 - the dial's manipulation check at each dose (``Dial.check``).
 
@@ -101,7 +101,7 @@ def response(evs: dict[float, Evaluation], key: str, cfg: CalibrationConfig) -> 
             "sees_papers_effect": None if paper is None or at.half_width is None else at.half_width <= abs(paper),
             "sees_papers_effect_full": None if paper is None or full is None else full <= abs(paper),
             "flag": flag, "applicable": applicable, "wrong_way_at": [a for a in doses if deltas[a].against(direction)],
-            "monotone": direction == "none" or all((d >= 0) == (direction == "up") or d == 0 for d in steps),
+            "monotone": all(d >= 0 for d in steps) or all(d <= 0 for d in steps),
             "noise": one_evaluation_noise(evs[0.0], key, cfg)}
 
 
