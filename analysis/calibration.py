@@ -153,8 +153,9 @@ def figure(result: dict, title: str):
         if r["smallest_dose"] is not None:
             ax.axvline(r["smallest_dose"], color="tab:green", ls=":", lw=1)
         star = "none" if r["smallest_dose"] is None else f"{r['smallest_dose']:g}"
-        ax.set_title(f"{r['label']} ({r['unit']}), expected {r['expected']}\na* = {star} {r['flag']}", fontsize=7)
-        ax.set_xscale("symlog", linthresh=0.02)
+        note = f" ({r['flag']})" if r["flag"] else ""
+        ax.set_title(f"{r['label']} ({r['unit']}), expected {r['expected']}\na* = {star}{note}", fontsize=7)
+        ax.set_xlim(0, 1.05 * max(a))
         ax.set_xlabel("dose a", fontsize=7)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(items):]:
