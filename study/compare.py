@@ -23,7 +23,7 @@ from typing import Optional
 
 from tokenmix.io import atomic_write
 
-from .cells import read_plan, status
+from .store import read_plan, status
 from .plan import Spec
 from .report import Table, collect, fmt_summary
 from .stats import Summary, compare, summarize

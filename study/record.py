@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tokenmix.cli import error_exit
 
-from .cells import read_plan, record
+from .store import read_plan, record
 
 
 def main(argv=None) -> int:

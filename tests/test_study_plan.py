@@ -362,7 +362,7 @@ def test_cells_are_resolved_once_and_run_without_the_planner(tmp_path, fake, mon
     import io
 
     import study.plan as planner
-    from study.cells import read_plan, status
+    from study.store import read_plan, status
     from study.progress import Progress
     spec = planner.Spec.create(name="r", variants=["softmax"], seeds=[1], tasks=["knn", "pib"], preset="tiny",
                                root=tmp_path / "r", at="e1 e2")
