@@ -72,10 +72,10 @@ def point_record(pre_record: dict, point: str) -> dict:
     return pre_record if point == FINAL else (pre_record.get("points") or {}).get(point) or {}
 
 
-def finished(cell: Cell, marker: Optional[dict], pre_record: Optional[dict], shas: dict, result) -> Optional[dict]:
-    """The marker if it proves the cell finished for today's key, else None. Facts (``study.store``): ``shas``,
-    checkpoint path -> its sha256 today (None: gone); ``result``, the ``study.results.Result`` the marker names;
-    ``pre_record``, today's marker of the cell's pretraining (an evaluation must have read that checkpoint)."""
+def finished(cell: Cell, pre_record: Optional[dict], marker: Optional[dict], shas: dict, result) -> Optional[dict]:
+    """The marker if it proves the cell finished for today's key, else None. ``pre_record``: today's marker of the
+    cell's pretraining (an evaluation must have read that checkpoint); facts read by ``study.store``: ``shas``,
+    checkpoint path -> its sha256 today (None: gone), and ``result``, the ``store.Result`` the marker names."""
     if not marker or marker.get("key") != cell.key:
         return None
     if cell.kind == PRETRAIN:
@@ -90,8 +90,8 @@ def finished(cell: Cell, marker: Optional[dict], pre_record: Optional[dict], sha
 
 @dataclass(frozen=True)
 class Job:
-    """What the local runner does with one cell: nothing (``record``: finished; ``reused``: found finished only now,
-    its pretraining recorded again), report why not (``skip``), or run ``command`` with ``env``."""
+    """What the local runner does with a cell: nothing (``record``: finished; ``reused``: found finished only now),
+    report why not (``skip``), or run ``command`` with ``env`` (``resume``: from its own last.ckpt)."""
     cell: Cell
     stage: str
     record: Optional[dict] = None
@@ -103,11 +103,11 @@ class Job:
 
 
 def next_job(cell: Cell, done: dict, python: str, marker: Optional[dict], result, checkpoint_there: bool) -> Job:
-    """The cell's job given what is finished (``done``: cell id -> marker) and what the store read: its marker and
-    the result it names (an evaluation whose pretraining was recorded again in this run: a lost marker, a requeue;
-    its results may still hold), whether its checkpoint file exists (a pretraining resumes from it)."""
+    """The cell's job given ``done`` (cell id -> marker of a finished cell) and what the store read: the cell's
+    marker and the result it names (an evaluation whose pretraining was recorded again in this run, a lost marker
+    or a requeue: its results may still hold), whether its checkpoint exists (a pretraining resumes from it)."""
     rec, pre = done.get(cell.id), done.get(cell.depends) if cell.depends else None
-    if rec or pre and (rec := finished(cell, marker, pre, {}, result)):
+    if rec or pre and (rec := finished(cell, pre, marker, {}, result)):
         return Job(cell, cell.stage, record=rec, reused=not done.get(cell.id))
     if cell.depends and not pre:
         return Job(cell, cell.stage, skip=f"skipped: {cell.depends} did not finish")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from .results import read_result
+from .store import read_result
 
 
 def headless_tasks() -> dict[str, tuple[str, str]]:

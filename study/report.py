@@ -30,7 +30,7 @@ from .curves import degradation, plot_task, point_label
 from .cells import Cell
 from .plan import Spec
 from .points import FINAL, progress
-from .results import read_result
+from .store import read_result
 from .stats import Difference, Summary, compare, summarize
 from .columns import headless_columns, training_columns, training_values
 

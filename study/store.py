@@ -1,33 +1,67 @@
-"""The study's files: plan.json, each cell's marker, the checkpoints and results.json they name. Everything that
-reads or writes them is here; what they mean for a cell is decided in ``study.cells`` (``finished``, ``next_job``).
+"""The study's files: plan.json, each cell's marker, the checkpoints and results.json files they name. Everything
+that reads or writes them is here; what they mean for a cell is decided in ``study.cells``.
 
 A marker ``<study>/done/<cell>/<key>.json`` is written atomically when a cell finished: its key, the sha256 (with
-size and mtime, so an unchanged file is not hashed again) of the checkpoint it made or used, and for an
-evaluation the results.json computed from that checkpoint.
+size and mtime, so an unchanged file is not hashed again) of the checkpoint it made or used, and for an evaluation
+the results.json computed from that checkpoint. results.json has one schema (``tokenmix/results.py``: ``task``,
+``data``, ``backbone.sha256``, ``metrics``; probe or analysis from the run folder); files written before it (probes:
+``backbone.checkpoint_sha256`` + ``config.data``; analyses: ``ckpt_sha256`` + ``data``) are still read, so a study
+begun earlier keeps its finished cells.
 """
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from tokenmix.io import atomic_json_dump, sha256_file
 
 from .cells import PRETRAIN, Cell, Job, finished, next_job
-from .results import read_result
+
+
+@dataclass(frozen=True)
+class Result:
+    path: Path
+    task: str
+    source: str  # probe | analysis
+    checkpoint_sha256: Optional[str]
+    data: str
+    metrics: dict = field(repr=False)
+    payload: dict = field(repr=False)
+
+
+def _first(*values) -> Any:
+    return next((v for v in values if v not in (None, "")), None)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError, TypeError):
+        return None
+
+
+def read_result(path: Path) -> Optional[Result]:
+    """A results.json as a :class:`Result`; None when the file is missing, unreadable or has no metrics."""
+    r = _read_json(path)
+    if not isinstance(r, dict) or not isinstance(r.get("metrics"), dict):
+        return None
+    backbone = r.get("backbone") if isinstance(r.get("backbone"), dict) else {}
+    config = r.get("config") if isinstance(r.get("config"), dict) else {}
+    parts = Path(path).parts
+    folder = parts[-4] if len(parts) >= 4 else ""  # runs/<variant>/<probe|analysis>/<task>/version_N/
+    source = folder if folder in ("probe", "analysis") else ("probe" if "checkpoint_sha256" in backbone else "analysis")
+    task = str(_first(r.get("task"), parts[-3] if len(parts) >= 3 else ""))
+    sha = _first(backbone.get("sha256"), r.get("ckpt_sha256"), backbone.get("checkpoint_sha256"))  # new, legacy
+    data = str(_first(r.get("data"), config.get("data"), "demo"))
+    return Result(Path(path), task, str(source), sha, data, r["metrics"], r)
 
 
 def read_plan(path: Path) -> list[Cell]:
     """The cells of a plan.json (``study.plan.write_plan``), as they were resolved."""
     return [Cell.from_json(c) for c in json.loads(Path(path).read_text())["cells"]]
-
-
-def _read_json(path: Path) -> Optional[dict]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def _checkpoint_sha(path: Path, entry: dict) -> Optional[str]:
@@ -41,28 +75,28 @@ def _checkpoint_sha(path: Path, entry: dict) -> Optional[str]:
     return sha256_file(path)
 
 
-def _facts(cell: Cell, hashes: bool) -> tuple[Optional[dict], dict, object]:
-    """(the cell's marker if its key is today's, sha256 today of each checkpoint it names, the result it names)."""
+def _facts(cell: Cell, hashes: bool = True) -> tuple[Optional[dict], dict, Optional[Result]]:
+    """(the cell's marker if it has today's key, sha256 today of each checkpoint it names, the result it names)."""
     m = _read_json(cell.marker)
-    if not m or m.get("key") != cell.key:
+    if not isinstance(m, dict) or m.get("key") != cell.key:
         return None, {}, None
-    entries = [m, *(m.get("points") or {}).values()] if hashes and cell.kind == PRETRAIN else []
-    shas = {r.get("checkpoint", ""): _checkpoint_sha(Path(r.get("checkpoint", "")), r) for r in entries}
-    return m, shas, None if cell.kind == PRETRAIN else read_result(Path(m.get("results", "")))
+    if cell.kind != PRETRAIN:
+        return m, {}, read_result(Path(m.get("results", "")))
+    entries = [m, *(m.get("points") or {}).values()] if hashes else []
+    return m, {r.get("checkpoint", ""): _checkpoint_sha(Path(r.get("checkpoint", "")), r) for r in entries}, None
 
 
 def status(cells: list[Cell]) -> dict[str, Optional[dict]]:
     """cell id -> marker of a finished cell, or None (to run)."""
     out: dict[str, Optional[dict]] = {}
     for c in cells:
-        m, shas, result = _facts(c, hashes=True)
-        out[c.id] = finished(c, m, out.get(c.depends) if c.depends else None, shas, result)
+        out[c.id] = finished(c, out.get(c.depends) if c.depends else None, *_facts(c))
     return out
 
 
 def job(cell: Cell, done: dict, python: str) -> Job:
     """What the local runner does with ``cell`` now (``cells.next_job``), from its marker and checkpoint on disk."""
-    m, _, result = _facts(cell, hashes=False) if not done.get(cell.id) and cell.depends else (None, {}, None)
+    m, _, result = _facts(cell, hashes=False) if cell.depends and not done.get(cell.id) else (None, {}, None)
     return next_job(cell, done, python, m, result, cell.checkpoint.is_file())
 
 
@@ -73,8 +107,8 @@ def _checkpoint_entry(path: Path) -> dict:
 
 
 def _global_step(path: Path) -> Optional[int]:
-    """The optimizer step a Lightning checkpoint was saved at (the report's x axis for step points). Read with
-    ``weights_only=True`` and memory-mapped, as ``checkpoint_io.checkpoint_kind`` reads a run's checkpoint."""
+    """The optimizer step a Lightning checkpoint was saved at (the report's x axis for step points), read
+    memory-mapped with ``weights_only=True`` as ``checkpoint_io.checkpoint_kind`` reads a run's checkpoint."""
     try:
         import torch
         return int(torch.load(path, map_location="cpu", mmap=True, weights_only=True)["global_step"])

@@ -228,7 +228,7 @@ def test_bad_input_fails_fast_with_the_valid_names(tmp_path, capsys):
 
 def test_read_result_schema_and_legacy_files(tmp_path):
     """The one schema is read; files from before it (a study begun earlier) keep their sha256 and data."""
-    from study.results import read_result
+    from study.store import read_result
     from tokenmix.results import write_results
     new = tmp_path / "runs" / "softmax" / "analysis" / "pib" / "version_0"
     new.mkdir(parents=True)
