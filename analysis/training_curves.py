@@ -4,7 +4,7 @@ peaked and how far it fell by the end. This is the entmax paper's curve (dense m
 the k-NN keeps rising), looked for on any set of runs.
 
     python -m analysis.training_curves runs/degradation/lazy1/softmax/pretrain/demo_long/version_0 ... \\
-        --labels "p = 1,small data" --out docs/calibration-demo/degradation.png
+        --labels "p = 1,small data" --out docs/examples/calibration-demo/degradation.png
 
 A measure *declined* in a run when its last value is below its best one (above, for ↓ measures) by more than
 ``--band`` (default: 2 sd of that measure's evaluation noise, ``--band-json``: a calibration results.json whose

@@ -321,13 +321,13 @@ def test_retrieval_is_a_study_task_with_its_column_and_curve(tmp_path, fake):
 
 
 def test_report_paths_are_relative_to_the_repo_or_the_runs_folder(monkeypatch, tmp_path):
-    """study.md names no machine's absolute path (docs/study-demo/study.md once recorded one)."""
+    """study.md names no machine's absolute path (docs/examples/study-demo/study.md once recorded one)."""
     from study import report
     from tokenmix import paths
     assert report._shown(paths.REPO / "runs" / "study" / "demo") == "runs/study/demo"
     monkeypatch.setattr(paths, "RUNS", tmp_path / "elsewhere")
     assert report._shown(tmp_path / "elsewhere" / "study" / "demo") == "<runs>/study/demo"
-    assert "/work/" not in (paths.REPO / "docs" / "study-demo" / "study.md").read_text()
+    assert "/work/" not in (paths.REPO / "docs" / "examples" / "study-demo" / "study.md").read_text()
 
 
 def test_report_command_line_names_no_absolute_path(monkeypatch, tmp_path):
