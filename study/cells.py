@@ -1,14 +1,11 @@
 """A cell of a study, resolved once when it is planned (``study.plan.plan``), and the decisions about it: pure
-functions of the cell and of facts the store (``study.store``) read from disk; nothing here touches a file.
+functions of the cell and of the facts ``study.store`` read; nothing here touches a file.
 
 A ``Cell`` holds everything a runner needs: its command (after the python executable), the runs folder its CLI
-writes into, the checkpoint it writes or reads, its key and its marker path. The runners (``study.local``,
-``study.slurm``, ``python -m study.record``) and the status read only these fields, never the spec.
-
-A finished cell has a marker ``<study>/done/<cell>/<key>.json`` holding its key and the sha256 of the checkpoint it
-made or used. ``finished`` accepts it only when the checkpoint / results.json it names still have that sha256: its
-pretraining's checkpoint, or, for an evaluation of a given file (``--checkpoint``, no pretraining), the sha256
-that file had when the study was planned. ``next_job`` says what the local runner does with a cell.
+writes into, the checkpoint it writes or reads, its key and its marker path; the runners and the status read only
+these fields, never the spec. ``finished`` accepts a cell's marker only when the checkpoint / results.json it names
+still have its sha256: its pretraining's checkpoint, or, for an evaluation of a given file (``--checkpoint``), the
+sha256 that file had when the study was planned. ``next_job`` says what the local runner does with a cell.
 """
 from __future__ import annotations
 
@@ -73,9 +70,8 @@ def point_record(pre_record: dict, point: str) -> dict:
 
 
 def finished(cell: Cell, pre_record: Optional[dict], marker: Optional[dict], shas: dict, result) -> Optional[dict]:
-    """The marker if it proves the cell finished for today's key, else None. ``pre_record``: today's marker of the
-    cell's pretraining (an evaluation must have read that checkpoint); facts read by ``study.store``: ``shas``,
-    checkpoint path -> its sha256 today (None: gone), and ``result``, the ``store.Result`` the marker names."""
+    """The marker if it proves the cell finished for today's key (and an evaluation, for today's checkpoint of its
+    pretraining ``pre_record``), else None. ``shas``: checkpoint path -> sha256 today; ``result``: the marker's."""
     if not marker or marker.get("key") != cell.key:
         return None
     if cell.kind == PRETRAIN:
@@ -103,9 +99,8 @@ class Job:
 
 
 def next_job(cell: Cell, done: dict, python: str, marker: Optional[dict], result, checkpoint_there: bool) -> Job:
-    """The cell's job given ``done`` (cell id -> marker of a finished cell) and what the store read: the cell's
-    marker and the result it names (an evaluation whose pretraining was recorded again in this run, a lost marker
-    or a requeue: its results may still hold), whether its checkpoint exists (a pretraining resumes from it)."""
+    """The cell's job given ``done`` (cell id -> marker) and what the store read: the marker and result of an
+    evaluation whose pretraining was recorded again in this run (they may still hold); its checkpoint's presence."""
     rec, pre = done.get(cell.id), done.get(cell.depends) if cell.depends else None
     if rec or pre and (rec := finished(cell, pre, marker, {}, result)):
         return Job(cell, cell.stage, record=rec, reused=not done.get(cell.id))

@@ -1,9 +1,6 @@
-"""Run a study's missing cells here, one subprocess at a time, in dependency order.
-
-For each cell the store (``study.store.job``) reads what is on disk and the cell decides (``study.cells.next_job``)
-whether it is finished, skipped or run; a run's output goes to ``<logs>/<cell>.log`` and, once it succeeded, the
-store writes its marker. A failed pretraining skips its evaluations and the study goes on with the others; the
-call returns the failures. An interrupted pretraining resumes from its own last.ckpt (``--resume``) next time.
+"""Run a study's missing cells here, one subprocess at a time, in dependency order: for each, the store reads the
+disk and the cell decides (``store.job``); a run logs to ``<logs>/<cell>.log``, then the store writes its marker. A
+failed pretraining skips its evaluations; an interrupted one resumes from its own last.ckpt next time.
 """
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""The study's files: plan.json, each cell's marker, the checkpoints and results.json files they name. Everything
-that reads or writes them is here; what they mean for a cell is decided in ``study.cells``.
-
-A marker ``<study>/done/<cell>/<key>.json`` is written atomically when a cell finished: its key, the sha256 (with
-size and mtime, so an unchanged file is not hashed again) of the checkpoint it made or used, and for an evaluation
-the results.json computed from that checkpoint. results.json has one schema (``tokenmix/results.py``: ``task``,
-``data``, ``backbone.sha256``, ``metrics``; probe or analysis from the run folder); files written before it (probes:
-``backbone.checkpoint_sha256`` + ``config.data``; analyses: ``ckpt_sha256`` + ``data``) are still read, so a study
-begun earlier keeps its finished cells.
+"""The study's files, all read and written here (``study.cells`` decides what they mean): plan.json; a cell's marker
+``<study>/done/<cell>/<key>.json`` (atomic: its key, the sha256, size and mtime of the checkpoint it made or used,
+an evaluation's results.json); results.json, one schema (``tokenmix/results.py``), files from before it still read
+(probes: ``backbone.checkpoint_sha256`` + ``config.data``; analyses: ``ckpt_sha256`` + ``data``).
 """
 from __future__ import annotations
 
