@@ -77,8 +77,9 @@ class ResumePoint:
 
 
 def resume_point(run: Any) -> Optional[ResumePoint]:
-    """The RESUME checkpoint of ``run`` (a ``launch_checks.RunSettings``), validated as one of the run's objective (another objective's checkpoint must not get
-    as far as the Trainer), with its counters as Lightning resumes them."""
+    """The RESUME checkpoint of ``run`` (a ``launch_checks.RunSettings``), validated as one of the run's objective
+    (another objective's checkpoint must not get as far as the Trainer), with its counters as Lightning resumes
+    them."""
     path = resume_path(run.resume, run.variant, run.runs, run.kind, run.objective)
     if path is None:
         return None

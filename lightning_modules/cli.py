@@ -18,6 +18,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from datamodules.demo import is_demo
 from datamodules.pretraining import FOLDER
 from lightning_modules.callbacks.end_checkpoint import EndCheckpoint
 from lightning_modules.callbacks.progress import LogStepProgressBar
@@ -60,7 +61,7 @@ def base_args(launch: PretrainFlags) -> list[str]:
 def run_settings(config: Namespace, launch: PretrainFlags) -> RunSettings:
     trainer, data = config.trainer, config.data
     return RunSettings(kind=launch.objective.kind, objective=launch.objective.name, variant=launch.variant,
-                       data=str(data.data), data_root=str(data.data_root or ""),
+                       data=str(data.data), demo=is_demo(str(data.data)), data_root=str(data.data_root or ""),
                        accelerator=str(trainer.accelerator), num_nodes=int(trainer.num_nodes or 1),
                        deterministic=trainer.deterministic, max_epochs=trainer.max_epochs,
                        max_steps=int(trainer.max_steps if trainer.max_steps is not None else -1), resume=launch.resume,

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from backbones.checkpoint import DINO
-from datamodules.demo import is_demo
 from datamodules.pretraining import load_split
 from lightning_modules.checkpoint_io import ResumePoint, resume_point
 from tokenmix import paths
@@ -37,6 +36,7 @@ class RunSettings:
     objective: str         # its name, for messages (dino, supervised)
     variant: str
     data: str
+    demo: bool             # the data is the generated demo data (datamodules.demo.is_demo), made on first use
     data_root: str
     accelerator: str
     num_nodes: int
@@ -50,10 +50,9 @@ class RunSettings:
 def check_launch(run: RunSettings) -> Optional[ResumePoint]:
     """Every check that needs no model (ValueError subclasses saying what to change) -> the RESUME point."""
     resume = resume_point(run)
-    real = not is_demo(run.data)  # the demo data is generated on first use instead
-    if real and not (run.data_root and Path(run.data_root).is_dir()):
+    if not run.demo and not (run.data_root and Path(run.data_root).is_dir()):
         load_split(run.data, run.data_root, "train")  # the dataset's own error (no DATA_ROOT; the layout, the source)
     deterministic_dino = run.kind == DINO and str(run.deterministic).lower() == "true"
-    check_machine(run.num_nodes, run.accelerator, real_data=run.data if real else "",
+    check_machine(run.num_nodes, run.accelerator, real_data="" if run.demo else run.data,
                   gpu_refusal=DETERMINISTIC_CUDA if deterministic_dino else "")
     return resume
