@@ -425,3 +425,22 @@ def test_other_demo_data_gets_other_keys(tmp_path, monkeypatch):
     monkeypatch.delenv("TOKENMIX_DEMO_ROOT")
     monkeypatch.delenv("TOKENMIX_DEMO_LAZY")
     assert eval_key(other, "knn", 0) == with_env
+
+
+class _Code:
+    """A pickled object that is not a tensor or container: only a full unpickle (weights_only=False) builds it."""
+
+
+@pytest.mark.timeout(30)
+def test_the_marker_reads_the_step_weights_only(tmp_path):
+    """The marker's global step comes from torch.load(weights_only=True): a plain checkpoint gives its step; one
+    that needs a full unpickle to be read is refused (step unknown), as tokenmix/io.py promises everywhere."""
+    import torch
+
+    from study.store import _global_step
+    plain, pickled = tmp_path / "plain.ckpt", tmp_path / "pickled.ckpt"
+    torch.save({"global_step": 7, "state_dict": {"w": torch.ones(2)}}, plain)
+    torch.save({"global_step": 7, "hyper": _Code()}, pickled)
+    assert _global_step(plain) == 7
+    assert torch.load(pickled, weights_only=False)["global_step"] == 7  # readable, but only by unpickling code
+    assert _global_step(pickled) is None
