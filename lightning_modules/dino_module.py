@@ -21,7 +21,7 @@ from backbones.checkpoint import DINO, check_resume_config, runtime_record, writ
 from lightning_modules.dino_head import DINOHead, MultiCropWrapper
 from lightning_modules.dino_loss import DINOLoss
 from lightning_modules.fast_ops import clip_grad_norms_, ema_
-from lightning_modules.loop_state import epoch_end_form
+from lightning_modules.checkpoint_io import epoch_end_form
 from lightning_modules.dino_optim import cancel_gradients_last_layer, cosine_scheduler, get_params_groups
 from tokenmix.results import clean
 
@@ -278,7 +278,7 @@ class DINOPretrainModule(pl.LightningModule):
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self._raise_if_nonfinite()  # never write a checkpoint past a non-finite loss
-        epoch_end_form(checkpoint)  # an epoch's last batch: the counters Lightning resumes right (loop_state.py)
+        epoch_end_form(checkpoint)  # an epoch's last batch: the counters Lightning resumes right (checkpoint_io.py)
         write_entry(checkpoint, self.student.backbone.backbone_config, kind=DINO,
                     runtime=runtime_record(self.student.backbone))
         # RNG streams (drop-path draws from the global generator) of every rank: Lightning calls this hook on all

@@ -31,7 +31,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from backbones import parse_variant
 from datamodules.demo import is_demo
 from datamodules.errors import DatasetError
-from lightning_modules.cli import Launch, PretrainCLI
+from lightning_modules.cli import PretrainCLI, PretrainFlags
 from lightning_modules.dino_module import NonFiniteLossError
 from lightning_modules.objectives import objective_named
 from tokenmix import paths
@@ -56,19 +56,19 @@ def _flags() -> argparse.ArgumentParser:
     return p
 
 
-def parse_launch(argv: Optional[list[str]]) -> Launch:
-    """This entry point's flags -> ``Launch``; the other arguments go to LightningCLI as they are. ValueError for an
-    unknown objective, preset or variant: fail before anything is built."""
+def parse_launch(argv: Optional[list[str]]) -> PretrainFlags:
+    """This entry point's flags -> ``PretrainFlags``; the other arguments go to LightningCLI as they are. ValueError
+    for an unknown objective, preset or variant: fail before anything is built."""
     known, rest = _flags().parse_known_args(list(sys.argv[1:] if argv is None else argv))
     if known.help:
         print(__doc__)
         rest = rest + ["--help"]
     objective = objective_named(known.objective)
     preset = objective.preset_file(known.preset or objective.default_preset(demo=is_demo(known.data)))
-    return Launch(objective=objective, variant=parse_variant(known.variant).name, data=known.data,
-                  data_root=known.data_root, preset=preset,
-                  runs=Path(known.runs_dir) if known.runs_dir else paths.RUNS, resume=known.resume,
-                  dist_timeout_min=known.dist_timeout, user_args=tuple(rest))
+    return PretrainFlags(objective=objective, variant=parse_variant(known.variant).name, data=known.data,
+                         data_root=known.data_root, preset=preset,
+                         runs=Path(known.runs_dir) if known.runs_dir else paths.RUNS, resume=known.resume,
+                         dist_timeout_min=known.dist_timeout, user_args=tuple(rest))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -27,7 +27,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from backbones import create_vit, parse_variant
 from backbones.checkpoint import SUPERVISED, check_resume_config, runtime_record, write_entry
 from lightning_modules.dino_module import NonFiniteLossError
-from lightning_modules.loop_state import epoch_end_form
+from lightning_modules.checkpoint_io import epoch_end_form
 from tokenmix.results import clean
 from tokenmix.topk import TopK
 
@@ -148,7 +148,7 @@ class SupervisedModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        epoch_end_form(checkpoint)  # an epoch's last batch: the counters Lightning resumes right (loop_state.py)
+        epoch_end_form(checkpoint)  # an epoch's last batch: the counters Lightning resumes right (checkpoint_io.py)
         # the recorded backbone is the feature backbone (probes, analyses); the head's size sits beside it
         write_entry(checkpoint, self.backbone.backbone_config.replace(num_classes=0), kind=SUPERVISED,
                     runtime=runtime_record(self.backbone), num_classes=int(self.hparams.num_classes),

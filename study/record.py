@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tokenmix.cli import error_exit
 
-from .cells import read_plan, record
+from .store import read_plan, record
 
 
 def main(argv=None) -> int:
@@ -25,13 +25,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     cells = read_plan(Path(args.plan))
     cell = next((c for c in cells if c.id == args.cell), None)
-    if cell is None:
-        print(f"error: no cell {args.cell!r} in {args.plan}; cells: {', '.join(c.id for c in cells)}",
-              file=sys.stderr)
-        return 2
-    if not args.record:
-        print("nothing to do: pass --record", file=sys.stderr)
-        return 2
+    if cell is None or not args.record:
+        return error_exit(f"no cell {args.cell!r} in {args.plan}; cells: {', '.join(c.id for c in cells)}"
+                          if cell is None else "nothing to do: pass --record", 2)
     try:
         rec = record(cell)
     except FileNotFoundError as e:

@@ -81,17 +81,19 @@ def cuda_report() -> str:
     return f"{line}, but torch.cuda.is_available() is False ({said or 'no reason given by torch'})"
 
 
-def refuse_silent_cpu(data: str, accelerator: str) -> None:
-    """A real dataset (``data``, not the demo data) that would train on the CPU only because no GPU was found
-    (``accelerator`` auto, or gpu / cuda, the setting the run asks Lightning for; ``cpu`` set on the command line
-    or in a preset is a choice, not a fallback). LaunchError naming torch's CUDA build and what it reports about
-    the driver."""
-    if str(accelerator).lower() == "cpu" or torch.cuda.is_available():
-        return
-    raise LaunchError(
-        f"DATA={data} would train on the CPU because no GPU is usable here: {cuda_report()}. Training a real "
-        "dataset on the CPU is never chosen silently (one process, precision 32-true). Fix the driver / install a "
-        "torch built for it, or pass --trainer.accelerator=cpu to train on the CPU on purpose.")
+def check_machine(num_nodes: int, accelerator: str, real_data: str = "", gpu_refusal: str = "") -> None:
+    """What this machine refuses before any process starts: ``num_nodes > 1`` without a cluster launcher; a real
+    dataset (``real_data``: its name) that would train on the CPU only because no GPU is usable (``accelerator``
+    auto, or gpu / cuda; ``cpu`` set on the command line or in a preset is a choice, not a fallback), naming torch's
+    CUDA build and what it reports about the driver; and ``gpu_refusal``, when given, on a GPU (``on_gpu``)."""
+    refuse_unlaunched_multinode(num_nodes)
+    if real_data and str(accelerator).lower() != "cpu" and not torch.cuda.is_available():
+        raise LaunchError(
+            f"DATA={real_data} would train on the CPU because no GPU is usable here: {cuda_report()}. Training a "
+            "real dataset on the CPU is never chosen silently (one process, precision 32-true). Fix the driver / "
+            "install a torch built for it, or pass --trainer.accelerator=cpu to train on the CPU on purpose.")
+    if gpu_refusal and on_gpu(accelerator):
+        raise LaunchError(gpu_refusal)
 
 
 class _NoTips(logging.Filter):

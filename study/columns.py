@@ -1,8 +1,8 @@
-"""The study's tasks besides the CLIs' own (``probes.tasks.TASKS``, ``analysis.registry.TASKS``): a head-free probe
-kind on a segmentation task, named ``<task>_<kind>`` as the probe CLI names its run folder and results.json
-(``probes.run.run_name``): ``voc_retrieval`` runs ``probes.run --task voc --kind retrieval`` (Hummingbird dense
-retrieval), ``voc_overcluster`` ``--kind overcluster``; and their report columns. Also the columns every study
-reads off its pretraining runs' own summary.json (the run's val top-1, its last k-NN and dense checks).
+"""The study's own report columns. Its tasks besides the CLIs' (``probes.tasks.TASKS``,
+``analysis.registry.TASKS``): a head-free probe kind on a segmentation task, named ``<task>_<kind>`` as the probe
+CLI names its run folder and results.json (``probes.run.run_name``): ``voc_retrieval`` runs ``probes.run --task voc
+--kind retrieval`` (Hummingbird dense retrieval), ``voc_overcluster`` ``--kind overcluster``; and their columns.
+Also the columns every study reads off its pretraining runs' own summary.json (val top-1, last k-NN, dense checks).
 
     >>> probe_flags("voc_retrieval"), probe_flags("voc")
     (['--task', 'voc', '--kind', 'retrieval'], ['--task', 'voc'])
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from .results import read_result
+from .store import read_result
 
 
 def headless_tasks() -> dict[str, tuple[str, str]]:
