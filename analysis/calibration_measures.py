@@ -26,12 +26,12 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from datamodules.datamodule_base import dense_collate
-from probes import retrieval as hb
-from probes.features import normalize_images
-from probes.matching import confusion, hungarian, matched_miou
-from probes.overcluster import ClusterSettings, overcluster
-from probes.ridge import RidgeSegProbe
-from probes.seg_metric import confmat_scores
+from probes.headfree import retrieval as hb
+from probes.core.features import normalize_images
+from probes.headfree.matching import confusion, hungarian, matched_miou
+from probes.headfree.overcluster import ClusterSettings, overcluster
+from probes.dense.ridge import RidgeSegProbe
+from probes.dense.seg_metric import confmat_scores
 from tokenmix.attention_stats import attention_stats
 from tokenmix.diffusion import boxes_patch_mask, cls_patch_cosine, effective_rank_from_gram, mask_boxes
 from tokenmix.knn import knn_classify

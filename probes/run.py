@@ -6,10 +6,10 @@
     python -m probes.run --task voc --kind retrieval    # head-free: Hummingbird retrieval (or --kind overcluster)
 
 Output: runs/<variant | variant_random | pixels>/probe/<task>/version_N/{results.json, events.*, head*.pt};
-results.json follows the one schema of tokenmix/results.py. How each kind of probe runs: probes/kinds.py.
+results.json follows the one schema of tokenmix/results.py. How each kind of probe runs: probes/core/kinds.py.
 
 The flags (over a --config file's defaults) become one typed ``ProbeConfig`` here, once (``make_config``); below
-this file nothing reads the command line: each kind gets its own options (probes/options.py).
+this file nothing reads the command line: each kind gets its own options (probes/core/options.py).
 """
 from __future__ import annotations
 
@@ -28,19 +28,19 @@ from tokenmix.launch import LaunchError, count_devices, global_rank, install_sto
 from tokenmix.precision import device_line
 from tokenmix.results import backbone_entry, write_results
 
-from .backbone import checkpoint_path, resolve_backbone
-from .copy_detection import copy_detection_config
-from .flags import parse_flags
-from .data import DATAMODULES, probe_datamodule, probe_dataset, voc_trainaug
-from .davis_probe import DavisSettings, PropagationConfig
-from .headless import memory_sizes
-from .image_retrieval import retrieval_config
-from .kinds import KINDS, ProbeContext, summary
-from .options import (BinNorm, DepthHead, DepthOptions, Head, KindOptions, KnnOptions, LinearOptions,
+from backbones.load import checkpoint_path, resolve_backbone
+from probes.instance.copy_detection import copy_detection_config
+from probes.core.flags import parse_flags
+from probes.core.data import DATAMODULES, probe_datamodule, probe_dataset, voc_trainaug
+from probes.video.davis_probe import DavisSettings, PropagationConfig
+from probes.headfree.runners import memory_sizes
+from probes.instance.image_retrieval import retrieval_config
+from probes.core.kinds import KINDS, ProbeContext, summary
+from probes.core.options import (BinNorm, DepthHead, DepthOptions, Head, KindOptions, KnnOptions, LinearOptions,
                       OverclusterOptions, RetrievalOptions, SegOptions, Solver, Training)
-from .retrieval import Protocol, resolve_settings
-from .tasks import ALT_KINDS, Kind, TaskSpec, get_task
-from .trainer import lightning_console
+from probes.headfree.retrieval import Protocol, resolve_settings
+from probes.core.task_table import ALT_KINDS, Kind, TaskSpec, get_task
+from probes.core.trainer import lightning_console
 
 
 def parse_layers(layer: str, depth: int) -> list[Optional[list[int]]]:
@@ -103,7 +103,7 @@ class ProbeConfig:
     layer: str                    # --layer
     launch: Launch
     progress: bool
-    options: KindOptions          # the running kind's own (probes/options.py)
+    options: KindOptions          # the running kind's own (probes/core/options.py)
     runs_dir: Path
     record: dict[str, Any]        # the resolved flags, as results.json's config records them
 
@@ -278,7 +278,7 @@ def run(cfg: ProbeConfig) -> Path:
             return ctx.log_dir / "results.json"
         path = write_probe_results(cfg, ctx, metrics, features)
         if "layers" in metrics and KINDS[ctx.probe_kind].profile is not None:
-            from .profile import plot_depth_profile
+            from probes.core.profile import plot_depth_profile
             plot_depth_profile(metrics["layers"], KINDS[ctx.probe_kind].profile, ctx.log_dir / "depth_profile.png",
                                title=f"{run_name(ctx)} on {ctx.info.run_name}")
     finally:

@@ -17,7 +17,7 @@ from .results import read_result
 
 def headless_tasks() -> dict[str, tuple[str, str]]:
     """study task -> (probe task, kind), for every segmentation task and head-free kind it takes."""
-    from probes.tasks import ALT_KINDS, TASKS
+    from probes.core.task_table import ALT_KINDS, TASKS
     return {f"{name}_{k.value}": (name, k.value) for name, t in TASKS.items() for k in ALT_KINDS.get(t.kind, ())}
 
 

@@ -13,9 +13,9 @@ from datamodules.datasets.copydays import CopydaysDataset
 from datamodules.errors import DatasetError
 from helpers.retrieval_fixtures import vit_pair, write_copydays
 from official import dino_copy_detection as C
-from probes.copy_detection import (CopyDetectionConfig, Whitening, copy_descriptor, copydays_ap,
+from probes.instance.copy_detection import (CopyDetectionConfig, Whitening, copy_descriptor, copydays_ap,
                                    run_copy_detection, score_blocks)
-from probes.global_features import Extraction, extract_descriptors
+from probes.instance.global_features import Extraction, extract_descriptors
 
 pytestmark = pytest.mark.timeout(120)
 BLOCKS = ("original", "strong", "jpegqual/50", "crops/50")
@@ -128,7 +128,7 @@ def test_make_probe_copydays_with_a_dinov2_hub_file(tmp_path):
     results.json holds the block mAPs, equal to the probe run directly on the same backbone."""
     import json
 
-    from probes.backbone import resolve_backbone
+    from backbones.load import resolve_backbone
     from probes.run import main
     write_copydays(tmp_path / "data", n_orig=4, n_distractors=16, n_whitening=10, seed=4)
     ckpt = _dinov2_hub_file(tmp_path)

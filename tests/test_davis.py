@@ -18,9 +18,9 @@ from datamodules.datasets.davis import DAVISDataset, read_frame_bgr
 from datamodules.errors import LabelRangeError, MissingDataError, SizeMismatchError
 from official import davis2017_evaluation as off_eval
 from official import dino_video_segmentation as off
-from probes import davis as ours
-from probes.davis_metrics import MEASURES, sequence_scores, summarize
-from probes.davis_probe import DavisSettings, run_sequence
+from probes.video import propagation as ours
+from probes.video.davis_metrics import MEASURES, sequence_scores, summarize
+from probes.video.davis_probe import DavisSettings, run_sequence
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from probes.ridge import RidgeSegProbe, patch_targets
+from probes.dense.ridge import RidgeSegProbe, patch_targets
 from tokenmix.attention_stats import attention_stats
 from tokenmix.diffusion import (boxes_patch_mask, cls_patch_cosine, effective_rank, effective_rank_from_gram,
                                 mask_boxes, patch_scores, pib_hits, score_contrast)

@@ -14,7 +14,7 @@ from datamodules.datasets.revisitop import ROxford5kDataset, RParis6kDataset
 from datamodules.errors import DatasetError, MissingDataError
 from helpers.retrieval_fixtures import vit_pair, write_revisitop
 from official import revisitop as R
-from probes.global_features import Extraction, extract_descriptors
+from probes.instance.global_features import Extraction, extract_descriptors
 
 
 @pytest.fixture(autouse=True)
@@ -23,7 +23,7 @@ def _pil_truncated_flag(monkeypatch):
     put it back after each test, so that later tests in this worker still see truncated files refused."""
     from PIL import ImageFile
     monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", ImageFile.LOAD_TRUNCATED_IMAGES)
-from probes.image_retrieval import (Protocol, RetrievalConfig, protocol_lists, rank_database,
+from probes.instance.image_retrieval import (Protocol, RetrievalConfig, protocol_lists, rank_database,
                                     retrieval_descriptor, revisitop_map, run_image_retrieval)
 
 pytestmark = pytest.mark.timeout(120)
@@ -41,7 +41,7 @@ def _random_gnd(rng, n_db, nq):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_map_equals_revisitop_compute_map_on_random_features(seed, monkeypatch):
-    import probes.image_retrieval as ir
+    import probes.instance.image_retrieval as ir
     if seed == 2:
         monkeypatch.setattr(ir, "CHUNK", 80 * 2)  # queries scored 2 at a time (the last chunk: 1)
     rng = np.random.default_rng(seed)
@@ -132,7 +132,7 @@ def test_make_probe_writes_the_direct_runs_figures(tmp_path):
     equal to the probe run directly on the same backbone."""
     import json
 
-    from probes.backbone import resolve_backbone
+    from backbones.load import resolve_backbone
     from probes.run import main
     write_revisitop(tmp_path / "data", "roxford5k", n_db=12, n_q=3, seed=3)
     path = main(["--runs-dir", str(tmp_path / "runs"), "--task", "roxford5k", "--data", "roxford5k", "--data-root",

@@ -16,7 +16,7 @@ from PIL import Image
 pytestmark = pytest.mark.timeout(120)
 
 REPO = Path(__file__).resolve().parents[1]
-CLI_FILES = {"probes/run.py", "probes/flags.py", "analysis/run.py", "study/__main__.py"}
+CLI_FILES = {"probes/run.py", "probes/core/flags.py", "analysis/run.py", "study/__main__.py"}
 
 
 def _write_imagefolder(root: Path) -> Path:
@@ -47,20 +47,20 @@ def sweep(tmp_path_factory):
     calls of the lookups, Lightning's console lines, warnings, and every call into the product packages."""
     from test_analysis_run import write_ckpt
 
-    import probes.backbone
+    import backbones.load
     import probes.run
-    import probes.tasks
-    from probes.tasks import Kind
+    import probes.core.task_table
+    from probes.core.task_table import Kind
     tmp = tmp_path_factory.mktemp("probe_config")
     data, ckpt = _write_imagefolder(tmp / "data"), write_ckpt(tmp / "tiny.ckpt", "softmax")
     with pytest.MonkeyPatch.context() as mp:
         counts = {name: _Counter(getattr(probes.run, name)) for name in ("get_task", "resolve_kind", "make_config")}
         for name, c in counts.items():
             mp.setattr(probes.run, name, c)
-        mp.setattr(probes.tasks, "get_task", counts["get_task"])
-        counts["checkpoint_path"] = _Counter(probes.backbone.checkpoint_path)  # resolve_backbone's own call too
+        mp.setattr(probes.core.task_table, "get_task", counts["get_task"])
+        counts["checkpoint_path"] = _Counter(backbones.load.checkpoint_path)  # resolve_backbone's own call too
         mp.setattr(probes.run, "checkpoint_path", counts["checkpoint_path"])
-        mp.setattr(probes.backbone, "checkpoint_path", counts["checkpoint_path"])
+        mp.setattr(backbones.load, "checkpoint_path", counts["checkpoint_path"])
         counts["knn_options"] = _Counter(probes.run.OPTIONS[Kind.KNN])
         mp.setitem(probes.run.OPTIONS, Kind.KNN, counts["knn_options"])
         lines: list[str] = []
@@ -110,9 +110,9 @@ def test_no_namespace_below_the_cli_files(sweep):
     """At run time no product function below probes/run.py receives a Namespace; statically, no module below
     the CLI files imports argparse, and every kind's callables take typed options."""
     assert sweep["namespaces"] == []
-    from probes.kinds import KINDS, extract_all, run_knn, run_ridge, train_head
-    from probes.trainer import make_trainer
-    from probes.options import KindOptions
+    from probes.core.kinds import KINDS, extract_all, run_knn, run_ridge, train_head
+    from probes.core.trainer import make_trainer
+    from probes.core.options import KindOptions
     for kind in KINDS.values():
         for fn in (kind.features, kind.build, kind.runner):
             if fn is None:

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from helpers import procs
-from probes import retrieval as hb
-from probes.matching import confusion, hungarian, majority, matched_miou
+from probes.headfree import retrieval as hb
+from probes.headfree.matching import confusion, hungarian, majority, matched_miou
 from probes.run import main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import torch
 
 from backbones import create_vit
 from datamodules.demo import DemoSpec, ensure_demo_data
-from probes.features import FeatureSpec, FrozenFeatures
+from probes.core.features import FeatureSpec, FrozenFeatures
 from tokenmix.knn import knn_top1
 from probes.run import main, parse_layers
 
@@ -225,10 +225,10 @@ def test_version_dirs_and_config_file(tmp_path):
 def test_kind_registry_follows_the_protocols():
     """Per kind: DINO eval_linear (100 epochs, batch 256, [CLS] of the last 4 blocks), eval_knn (last-block
     [CLS], nothing trained), dense probes (40 epochs, batch 16; depth concatenates [CLS] as DINOv2, seg does not)."""
-    from probes.kinds import KINDS, summary
-    from probes.options import DepthOptions, Head, SegOptions
+    from probes.core.kinds import KINDS, summary
+    from probes.core.options import DepthOptions, Head, SegOptions
     from probes.run import OPTIONS, parse_flags
-    from probes.tasks import ALT_KINDS, TASKS, Kind
+    from probes.core.task_table import ALT_KINDS, TASKS, Kind
     alts = {k for kinds in ALT_KINDS.values() for k in kinds}  # --kind retrieval / overcluster on seg tasks
     assert {t.kind for t in TASKS.values()} | alts == set(KINDS) == set(Kind)
     assert [(KINDS[k].epochs, KINDS[k].batch_size) for k in (Kind.KNN, Kind.LINEAR, Kind.SEG, Kind.DEPTH)] == [

@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, Subset
 
 from datamodules.demo import is_demo
 from lightning_modules.callbacks.periodic import epoch_check_due
-from probes import retrieval as hb
+from probes.headfree import retrieval as hb
 from tokenmix.attention_stats import attention_stats
 from tokenmix.diffusion import boxes_patch_mask, cls_patch_cosine, effective_rank_from_gram, mask_boxes, pib_hits, \
     patch_scores
@@ -60,7 +60,7 @@ def _forward(model, images: torch.Tensor, device, record: bool = False):
     """Last block's [CLS] (B, D), patches (B, N, D), the patch grid (B, D, h, w) (what
     ``probes.features.FrozenFeatures`` gives the probe CLI: same call, same bits) and, with ``record``, every
     block's attention weights from the same forward (else None)."""
-    from probes.features import normalize_images
+    from probes.core.features import normalize_images
     x = normalize_images(images.to(device))
     blocks = [blk.attn for blk in model.blocks] if record else []
     for a in blocks:
@@ -146,7 +146,7 @@ class Retrieval:
 
     def gather(self, dim: int, device, rank: int, world: int, all_gather) -> None:
         """Every rank calls this once (a collective when ``world`` > 1): the whole memory, on every rank."""
-        from probes.features import gather_shards
+        from probes.core.features import gather_shards
         f = torch.cat([r[0] for r in self.rows]) if self.rows else torch.zeros(0, self.n_keep, dim, device=device)
         y = torch.cat([r[1] for r in self.rows]) if self.rows else torch.zeros(0, self.n_keep, self.C, device=device)
         f, y = (gather_shards(t.to(device), self.n_train, rank, world, all_gather) for t in (f, y))
@@ -158,7 +158,7 @@ class Retrieval:
 
     @staticmethod
     def miou(confusion: torch.Tensor) -> float:
-        from probes.matching import hungarian, matched_miou
+        from probes.headfree.matching import hungarian, matched_miou
         cm = confusion.round().long()
         return 100.0 * matched_miou(cm, hungarian(cm))["mIoU"]
 
@@ -210,8 +210,8 @@ class DenseProbeCheck(pl.Callback):
     def datamodule(self, patch_size: int):
         """The probe protocol's DataModule of the labelled set (both splits, ``max_samples`` evenly spaced)."""
         if self._dm is None:
-            from probes.data import probe_datamodule, probe_dataset
-            from probes.tasks import get_task
+            from probes.core.data import probe_datamodule, probe_dataset
+            from probes.core.task_table import get_task
             task = get_task(self.task)
             demo = is_demo(self.data)
             name, root = probe_dataset(task, self.data, self.data_root or os.environ.get(ROOT_ENV, ""))
@@ -247,7 +247,7 @@ class DenseProbeCheck(pl.Callback):
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
         """Every rank calls this (the probe's two all-reduces, the retrieval memory's gather, then ``DenseSums``'
         one); returns the same numbers on every rank."""
-        from probes.ridge import run_ridge_probe
+        from probes.dense.ridge import run_ridge_probe
         t0, c0 = time.perf_counter(), time.process_time()
         model = pl_module.teacher.backbone
         dm = self.datamodule(model.patch_size)

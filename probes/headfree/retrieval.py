@@ -10,7 +10,7 @@ paper and that code's behaviour, not copied.
   distribution (the class frequencies of its pixels; ignore pixels count as class 0, as in the reference).
 - A validation patch gets the labels of its k = 30 nearest memory patches (cosine similarity, exact search)
   averaged with the attention weights softmax(cos / 0.02); the label map is upsampled bilinearly to the mask, its
-  argmax scored by ``probes.matching`` (Hungarian matching, as the reference's ``PredsmIoU``).
+  argmax scored by ``probes.headfree.matching`` (Hungarian matching, as the reference's ``PredsmIoU``).
 - ``Protocol``: the project's default, or ``HUMMINGBIRD``, the reference's published setting (``settings_for``).
 
 Every random draw of an image comes from its own generator (seed, augmentation epoch, image index), so the memory
@@ -277,7 +277,7 @@ def confusion_of(feats: torch.Tensor, masks, memory: torch.Tensor, labels: torch
                  k: int = K_NEIGHBOURS, temperature: float = TEMPERATURE, ignore_index: int = 255) -> torch.Tensor:
     """(C, C) confusion counts of the retrieval labelling of (B, D, h, w) validation features against masks
     (pixels labelled ``ignore_index`` skipped: 255, or 0 for ADE20K with "other" kept, as the reference)."""
-    from .matching import confusion
+    from probes.headfree.matching import confusion
     cm = torch.zeros(num_classes, num_classes, dtype=torch.long)
     for f, mask in zip(feats, masks):
         dist = retrieve(f.flatten(1).T, memory.to(f.device), labels, k, temperature)

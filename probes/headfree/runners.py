@@ -1,5 +1,5 @@
 """The probe kinds with no head to train, on a segmentation task's DataModule: dense retrieval (``run_retrieval``,
-probes/retrieval.py) and overclustering (``run_overcluster``, probes/overcluster.py).
+probes/headfree/retrieval.py) and overclustering (``run_overcluster``, probes/headfree/overcluster.py).
 
 Both run as Lightning ``predict`` passes over one split at a time, each process on its fixed shard
 (``ShardSampler``): the retrieval memory is built from the training shards and gathered on every process, then each
@@ -19,16 +19,16 @@ from datamodules.transforms.dense import FixedResize
 from datamodules.transforms.views import IMAGENET_STD
 from tokenmix.launch import global_rank
 
-from .features import FeatureSpec, FrozenFeatures, gather_shards, sharded_predict
-from .matching import hungarian, matched_miou
-from .options import OverclusterOptions, RetrievalOptions
-from .trainer import make_trainer
-from . import retrieval as hb
+from probes.core.features import FeatureSpec, FrozenFeatures, gather_shards, sharded_predict
+from probes.headfree.matching import hungarian, matched_miou
+from probes.core.options import OverclusterOptions, RetrievalOptions
+from probes.core.trainer import make_trainer
+from probes.headfree import retrieval as hb
 
 
 def _predict_pass(ctx, features: FrozenFeatures, dataset, step: Callable, end: Callable):
     """``sharded_predict`` on the probes' Trainer and the validation loader's settings (``ctx``:
-    ``probes.kinds.ProbeContext``); ``step`` reads the features as ``module.net``."""
+    ``probes.core.kinds.ProbeContext``); ``step`` reads the features as ``module.net``."""
     return sharded_predict(make_trainer(ctx.launch, ctx.progress, logger=False, enable_checkpointing=False),
                            features, dataset, step, end, batch_size=ctx.dm.val_batch_size, collate_fn=dense_collate,
                            num_workers=ctx.dm.num_workers)
@@ -129,9 +129,9 @@ def run_retrieval(ctx, a: RetrievalOptions, spec: FeatureSpec, logger) -> dict[s
 
 
 def run_overcluster(ctx, a: OverclusterOptions, spec: FeatureSpec, logger) -> dict[str, Any]:
-    """Leopart / NeCo overclustering of the validation patch features (``probes.overcluster``), K from --cluster-k:
+    """Leopart / NeCo overclustering of the validation patch features (``probes.headfree.overcluster``), K from --cluster-k:
     mIoU mean and std over --cluster-seeds k-means runs."""
-    from .overcluster import ClusterSettings, overcluster, resolve_ks
+    from probes.headfree.overcluster import ClusterSettings, overcluster, resolve_ks
     C, t0 = ctx.dm.num_classes, time.perf_counter()
     ks = resolve_ks(a.ks, C)
     features, val = FrozenFeatures(ctx.info.model, spec), _val_view(ctx)

@@ -2,10 +2,10 @@
 
 Per sequence: every frame resized by DINO's rule (480 px short side, the long side floored to a multiple of 64;
 the position table interpolated by the backbone), the patch tokens of the last block (``LAYER=k``: block k) in
-fp32, the first annotation propagated (``probes/davis.py``), the masks written as indexed PNGs in DINO's palette
+fp32, the first annotation propagated (``probes/video/propagation.py``), the masks written as indexed PNGs in DINO's palette
 under ``<run>/masks/<sequence>/<frame>.png`` (frame 0: the annotation, as DINO writes it; score them with
 davis2017-evaluation's ``evaluation_method.py --task semi-supervised --results_path <run>/masks``) and scored
-(``probes/davis_metrics.py``). Sequences are sharded over the processes (every world-th, ``shard_indices``) and the
+(``probes/video/davis_metrics.py``). Sequences are sharded over the processes (every world-th, ``shard_indices``) and the
 per-object scores gathered, then averaged in sequence order: any process count gives the same figures.
 """
 from __future__ import annotations
@@ -19,10 +19,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .davis import (PropagationConfig, first_labels, input_size, label_maps, mask_palette, prepare_frame,
+from probes.video.propagation import (PropagationConfig, first_labels, input_size, label_maps, mask_palette, prepare_frame,
                     propagate_video, write_indexed_png)
-from .davis_metrics import MEASURES, ObjectScore, sequence_scores, summarize
-from .features import sharded_predict
+from probes.video.davis_metrics import MEASURES, ObjectScore, sequence_scores, summarize
+from probes.core.features import sharded_predict
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ def run_davis_kind(ctx, options: DavisSettings, spec, logger) -> dict[str, Any]:
     blocks of ``spec`` (``LAYER=``); a layer sweep writes each block's masks under ``block_<k>/masks``."""
     from dataclasses import replace
 
-    from .trainer import make_trainer
+    from probes.core.trainer import make_trainer
     settings = replace(options, blocks=None if spec.blocks is None else tuple(spec.blocks))
     log_dir = ctx.log_dir
     if log_dir is not None and spec.blocks is not None:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from datamodules.transforms.views import normalize
 from tokenmix.precision import inference_autocast
 
-from .global_features import Extraction, extract_descriptors, image_side, patch_multiple
+from probes.instance.global_features import Extraction, extract_descriptors, image_side, patch_multiple
 
 KAPPAS = (1, 5, 10)  # mP@k, as revisitop's example and DINO print them
 SCALES = (1.0, 1 / math.sqrt(2), 0.5)  # DINO utils.multi_scale
@@ -54,14 +54,14 @@ class RetrievalConfig:
     kappas: tuple[int, ...] = field(default=KAPPAS)
 
 
-# DINO's README commands: Oxford single-scale at 224, Paris multi-scale at 512 (the sizes: probes.tasks)
+# DINO's README commands: Oxford single-scale at 224, Paris multi-scale at 512 (the sizes: probes.core.task_table)
 DINO_MULTISCALE = {"roxford5k": False, "rparis6k": True}
 
 
 def retrieval_config(task: str, img_size: Optional[str], multiscale: Optional[bool],
                      whole_queries: bool) -> RetrievalConfig:
     """``make probe``'s options: ``img_size`` None / '' and ``multiscale`` None take the task's defaults
-    (``probes.tasks``, ``DINO_MULTISCALE``)."""
+    (``probes.core.task_table``, ``DINO_MULTISCALE``)."""
     ms = DINO_MULTISCALE.get(task, False) if multiscale is None else bool(multiscale)
     return RetrievalConfig(imsize=image_side(task, img_size), multiscale=ms, crop_queries=not whole_queries)
 
@@ -174,7 +174,7 @@ def run_image_retrieval_kind(ctx, cfg: RetrievalConfig, spec, logger) -> dict[st
     at DATA_ROOT) and options (``RetrievalConfig``); ``spec.blocks``: ``LAYER=k``."""
     from datamodules import build_dataset
 
-    from .trainer import make_trainer
+    from probes.core.trainer import make_trainer
     database = build_dataset(ctx.dataset, Path(ctx.root), "database", imsize=cfg.imsize)
     queries = build_dataset(ctx.dataset, Path(ctx.root), "query", imsize=cfg.imsize, crop_queries=cfg.crop_queries)
     how = Extraction(trainer=lambda: make_trainer(ctx.launch, ctx.progress, logger=False, enable_checkpointing=False))

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 
-from .features import gather_shards, sharded_predict
+from probes.core.features import gather_shards, sharded_predict
 
 Describe = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 
@@ -30,8 +30,8 @@ class Extraction:
 
 
 def image_side(task: str, img_size: Optional[str]) -> int:
-    """The image-level tasks' one size: --img-size's first value ('S' or 'S,S'), else the task's (probes.tasks)."""
-    from .tasks import get_task
+    """The image-level tasks' one size: --img-size's first value ('S' or 'S,S'), else the task's (probes.core.task_table)."""
+    from probes.core.task_table import get_task
     side = int(str(img_size).split(",")[0]) if img_size else int(get_task(task).img_size[0])
     if side < 1:
         raise ValueError(f"--img-size {img_size}: a positive number of pixels")

@@ -1,8 +1,8 @@
 """How each kind of probe runs: one ``ProbeKind`` per ``tasks.Kind`` in ``KINDS`` (its features, default epochs
 and batch size, how it runs, its summary line), in the style of dinov2's eval registries.
 
-    >>> from probes.kinds import KINDS
-    >>> from probes.tasks import Kind
+    >>> from probes.core.kinds import KINDS
+    >>> from probes.core.task_table import Kind
     >>> KINDS[Kind.SEG].epochs, KINDS[Kind.SEG].batch_size
     (40, 16)
     >>> KINDS[Kind.SEG].summary({"mIoU": 41.2, "aAcc": 80.0})
@@ -10,7 +10,7 @@ and batch size, how it runs, its summary line), in the style of dinov2's eval re
 
 ``run(ctx, spec, logger)`` returns the metrics of one probe on one block selection; the trained kinds also save
 the head as ``head_<key>.pt`` in the run folder. A kind reads its own typed options (``ctx.options``, one class of
-probes/options.py per kind, built once by ``probes.run``) and nothing else of the command line.
+probes/core/options.py per kind, built once by ``probes.run``) and nothing else of the command line.
 """
 from __future__ import annotations
 
@@ -26,16 +26,16 @@ from tokenmix.cli import Launch
 from tokenmix.knn import knn_top1_topk
 from tokenmix.launch import global_rank, on_gpu
 
-from .backbone import BackboneInfo
-from . import copy_detection as cd
-from . import image_retrieval as ir
-from .davis_probe import DavisSettings, run_davis_kind
-from .features import FeatureSpec, FrozenFeatures, extraction_module
-from .headless import run_overcluster, run_retrieval
-from .options import (DepthHead, DepthOptions, KindOptions, KnnOptions, LinearOptions, OverclusterOptions,
+from backbones.load import BackboneInfo
+from probes.instance import copy_detection as cd
+from probes.instance import image_retrieval as ir
+from probes.video.davis_probe import DavisSettings, run_davis_kind
+from probes.core.features import FeatureSpec, FrozenFeatures, extraction_module
+from probes.headfree.runners import run_overcluster, run_retrieval
+from probes.core.options import (DepthHead, DepthOptions, KindOptions, KnnOptions, LinearOptions, OverclusterOptions,
                       RetrievalOptions, SegOptions, Solver, Training)
-from .tasks import Kind, TaskSpec
-from .trainer import make_trainer
+from probes.core.task_table import Kind, TaskSpec
+from probes.core.trainer import make_trainer
 
 
 @dataclass
@@ -102,22 +102,22 @@ def _common(train: Training) -> dict[str, Any]:
 
 
 def build_linear(ctx: ProbeContext, features: FrozenFeatures, kw: dict):
-    from .module_linear import LinearClassificationProbe
+    from probes.linear.module_linear import LinearClassificationProbe
     opts: LinearOptions = ctx.options  # aug: the DataModule's train view is eval_linear's RandomResizedCrop + flip
     return LinearClassificationProbe(features, ctx.dm, ctx.dm.num_classes, lr=opts.train.lr,
                                      cache=not opts.aug and opts.train.cache, **kw)
 
 
 def build_seg(ctx: ProbeContext, features: FrozenFeatures, kw: dict):
-    from .module_seg import SegmentationProbe
+    from probes.dense.module_seg import SegmentationProbe
     opts: SegOptions = ctx.options
     lr = {"lr": opts.train.lr} if opts.train.lr else {}
     return SegmentationProbe(features, ctx.dm, ctx.dm.num_classes, cache=opts.train.cache, **lr, **kw)
 
 
 def build_depth(ctx: ProbeContext, features: FrozenFeatures, kw: dict):
-    from .module_depth import DepthProbe
-    from .tasks import depth_eval_settings
+    from probes.dense.module_depth import DepthProbe
+    from probes.core.task_table import depth_eval_settings
     opts: DepthOptions = ctx.options
     lo, hi, crop, clip = depth_eval_settings(ctx.dataset, getattr(ctx.dm, "val_set", None))  # custom: its own
     return DepthProbe(features, ctx.dm, min_depth=lo, max_depth=hi, crop=crop, clip=clip,
@@ -142,13 +142,13 @@ def train_head(ctx: ProbeContext, spec: FeatureSpec, logger, *, kind: "ProbeKind
 
 
 def run_ridge(ctx: ProbeContext, spec: FeatureSpec, logger) -> dict[str, Any]:
-    """--solver ridge (segmentation): the closed-form probe of probes/ridge.py that the pretraining's
+    """--solver ridge (segmentation): the closed-form probe of probes/dense/ridge.py that the pretraining's
     DenseProbeCheck runs, in one process (fast: one pass over each split)."""
     from torch.utils.data import DataLoader
 
     from datamodules.datamodule_base import dense_collate
 
-    from .ridge import run_ridge_probe
+    from probes.dense.ridge import run_ridge_probe
     opts: SegOptions = ctx.options
     if ctx.launch.devices not in (None, 1, "1", "auto") or ctx.launch.num_nodes not in (None, 1):
         raise ValueError("--solver ridge runs in one process: drop --devices / --num-nodes")
@@ -200,7 +200,7 @@ def _knn_line(m: dict) -> str:
 @dataclass(frozen=True)
 class ProbeKind:
     kind: Kind
-    options: type                         # the options class it reads (probes/options.py)
+    options: type                         # the options class it reads (probes/core/options.py)
     features: Callable[..., FeatureSpec]  # (its options, backbone depth, blocks) -> what the probe reads
     summary: Callable[[dict], str]        # one result -> the line printed at the end
     epochs: int = 0                       # default --max-epochs (0: nothing is trained)

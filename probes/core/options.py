@@ -6,7 +6,7 @@ built once from the flags by ``probes.run`` (``make_config``) and handed to that
     >>> SegOptions(Training(None, None, cache=True, cache_fp16=False), Head("linear4"), None, Solver.SGD, 1e-2).head
     <Head.LINEAR4: 'linear4'>
 
-A new option: a field here, its flag in ``probes.flags.build_parser`` and one keyword in ``probes.run``'s builder of
+A new option: a field here, its flag in ``probes.core.flags.build_parser`` and one keyword in ``probes.run``'s builder of
 that kind (``OPTIONS``).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Optional, Union
 
-from .retrieval import Protocol
+from probes.headfree.retrieval import Protocol
 
 
 class Head(str, Enum):
@@ -88,7 +88,7 @@ class DepthOptions:
 
 @dataclass(frozen=True)
 class RetrievalOptions:
-    """Hummingbird dense retrieval (``probes.headless.run_retrieval``)."""
+    """Hummingbird dense retrieval (``probes.headfree.runners.run_retrieval``)."""
     memory: tuple[int, ...]  # --hb-memory: memory sizes in patches
     k: int                   # --hb-k: nearest neighbours per patch
     temperature: float       # --hb-temperature
@@ -103,15 +103,15 @@ class RetrievalOptions:
 
 @dataclass(frozen=True)
 class OverclusterOptions:
-    """Overclustering as Leopart / NeCo (``probes.headless.run_overcluster``, ``probes.overcluster``)."""
+    """Overclustering as Leopart / NeCo (``probes.headfree.runners.run_overcluster``, ``probes.headfree.overcluster``)."""
     ks: str     # --cluster-k: K values, 'Nx' = N x the number of classes (resolved against the task's classes)
     iters: int  # --cluster-iters: faiss k-means iterations (niter; the reference's 100)
     seeds: int  # --cluster-seeds: k-means runs with seeds 0 .. seeds - 1, averaged (the reference's 5)
 
 
-from .copy_detection import CopyDetectionConfig  # noqa: E402  the global-feature evaluations keep theirs beside
-from .davis_probe import DavisSettings  # noqa: E402  DAVIS's options (its propagation settings: probes/davis.py)
-from .image_retrieval import RetrievalConfig  # noqa: E402  their scoring
+from probes.instance.copy_detection import CopyDetectionConfig  # noqa: E402  the global-feature evaluations keep theirs beside
+from probes.video.davis_probe import DavisSettings  # noqa: E402  DAVIS's options (its propagation settings: probes/video/propagation.py)
+from probes.instance.image_retrieval import RetrievalConfig  # noqa: E402  their scoring
 
 KindOptions = Union[KnnOptions, LinearOptions, SegOptions, DepthOptions, RetrievalOptions, OverclusterOptions,
                     DavisSettings, RetrievalConfig, CopyDetectionConfig]

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .seg_metric import SegmentationMetrics
+from probes.dense.seg_metric import SegmentationMetrics
 
 Reduce = Optional[Callable[[torch.Tensor], torch.Tensor]]
 

@@ -7,10 +7,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .heads import LinearSegHead
-from .module_base import ProbeModule
-from .seg_metric import SegmentationMetrics
-from .visualize import colour_mask, panel
+from probes.core.heads import LinearSegHead
+from probes.core.module_base import ProbeModule
+from probes.dense.seg_metric import SegmentationMetrics
+from probes.dense.visualize import colour_mask, panel
 
 
 def warmup_cosine(step: int, total: int, warmup: int) -> float:

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from datamodules.transforms.views import normalize
 from tokenmix.precision import inference_autocast
 
-from .features import FeatureSpec
-from .global_features import Extraction, extract_descriptors, image_side, patch_multiple
+from probes.core.features import FeatureSpec
+from probes.instance.global_features import Extraction, extract_descriptors, image_side, patch_multiple
 
 TOP_K = 20  # DINO: similarity.topk(20)
 GEM_P = 4.0
@@ -163,7 +163,7 @@ def open_copydays(root: Path, cfg: CopyDetectionConfig) -> tuple[dict[str, Any],
 def run_copy_detection_kind(ctx, cfg: CopyDetectionConfig, spec, logger) -> dict[str, Any]:
     """``KINDS[Kind.COPY_DETECTION].runner``: the probe context's backbone, Copydays at DATA_ROOT and options
     (``CopyDetectionConfig``); ``spec.blocks``: ``LAYER=k``."""
-    from .trainer import make_trainer
+    from probes.core.trainer import make_trainer
     blocks, distractors, whitening = open_copydays(Path(ctx.root), cfg)
     how = Extraction(trainer=lambda: make_trainer(ctx.launch, ctx.progress, logger=False, enable_checkpointing=False))
     out = run_copy_detection(ctx.info.model, blocks, cfg, how, distractors, whitening, spec.blocks)

@@ -9,9 +9,9 @@ from typing import Optional
 from tokenmix.cli import eval_parent_parser
 from tokenmix.knn import DEFAULT_KS
 
-from .options import BinNorm, DepthHead, Head, Solver
-from .retrieval import K_NEIGHBOURS, TEMPERATURE, Protocol
-from .tasks import TASKS
+from probes.core.options import BinNorm, DepthHead, Head, Solver
+from probes.headfree.retrieval import K_NEIGHBOURS, TEMPERATURE, Protocol
+from probes.core.task_table import TASKS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bins -> probabilities: DINOv2's 'linear' (relu + 0.1, normalise) or softmax")
     p.add_argument("--solver", choices=[v.value for v in Solver], default="sgd",
                    help="segmentation: the trained BN + linear head (sgd, the protocol) or the closed-form ridge probe "
-                   "of the pretraining's DenseProbeCheck (probes/ridge.py)")
+                   "of the pretraining's DenseProbeCheck (probes/dense/ridge.py)")
     p.add_argument("--ridge-lambda", type=float, default=1e-2, help="--solver ridge: penalty (x number of patches)")
     p.add_argument("--no-cache", action="store_true", help="recompute frozen features every epoch")
     p.add_argument("--cache-fp16", action="store_true", help="store cached features as float16 (half the memory)")
@@ -78,7 +78,7 @@ def headless_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--cluster-iters", type=int, default=100, help="overcluster: faiss k-means iterations (niter)")
     p.add_argument("--cluster-seeds", type=int, default=5,
                    help="overcluster: k-means runs (seeds 0..N-1), reported as mean and std (Leopart / NeCo: 5)")
-    p.add_argument("--davis", default="", help="davis: 'key=value,...' of probes.davis.PropagationConfig")
+    p.add_argument("--davis", default="", help="davis: 'key=value,...' of probes.video.propagation.PropagationConfig")
     return p
 
 

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from tokenmix.topk import TopK
 
-from .heads import LinearClassifier
-from .module_base import ProbeModule
+from probes.core.heads import LinearClassifier
+from probes.core.module_base import ProbeModule
 
 
 class LinearClassificationProbe(ProbeModule):

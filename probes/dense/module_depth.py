@@ -6,17 +6,17 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .depth_metric import DepthMetrics
-from .heads import LinearDepthHead, SigLoss
-from .module_base import ProbeModule
-from .module_seg import warmup_cosine
-from .visualize import colour_depth, panel
+from probes.dense.depth_metric import DepthMetrics
+from probes.core.heads import LinearDepthHead, SigLoss
+from probes.core.module_base import ProbeModule
+from probes.dense.module_seg import warmup_cosine
+from probes.dense.visualize import colour_depth, panel
 
 
 class DepthProbe(ProbeModule):
     """Depth = head(features) predicted on the patch grid upsampled x``upsample`` (DINOv2 BNHead
     upsample=4), then bilinearly resized to the label size; SigLoss on valid pixels. ``crop``/``clip``: the
-    dataset's evaluation protocol (``probes.tasks.depth_eval_settings``).
+    dataset's evaluation protocol (``probes.core.task_table.depth_eval_settings``).
     Optimiser: AdamW, lr 3e-4, wd 1e-2, warm-up + cosine per step."""
 
     def __init__(self, features, data, min_depth: float = 1e-3, max_depth: float = 10.0,
