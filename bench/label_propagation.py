@@ -62,9 +62,9 @@ def official_loop(feats: torch.Tensor, first: torch.Tensor, patch: int, frame_hw
 
 
 def ours(feats: torch.Tensor, first: torch.Tensor, patch: int, frame_hw) -> np.ndarray:
-    from probes.video.propagation import PropagationConfig, label_maps, neighbourhood, propagate_video
+    from probes.video.propagation import PropagationOptions, label_maps, neighbourhood, propagate_video
     neighbourhood.cache_clear()  # the per-grid table counts, as the official mask does once per video
-    return label_maps(propagate_video(feats, first, PropagationConfig()), patch, frame_hw)
+    return label_maps(propagate_video(feats, first, PropagationOptions()), patch, frame_hw)
 
 
 def _metrics_per_object_frame(frames: int = 8) -> float:

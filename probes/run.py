@@ -9,7 +9,7 @@ Output: runs/<variant | variant_random | pixels>/probe/<task>/version_N/{results
 results.json follows the one schema of tokenmix/results.py. How each kind of probe runs: probes/core/kinds.py.
 
 The flags (over a --config file's defaults) become one typed ``ProbeConfig`` here, once (``make_config``); below
-this file nothing reads the command line: each kind gets its own options (probes/core/options.py).
+this file nothing reads the command line: each kind gets its own options (``probes.core.flags.OPTIONS``).
 """
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
+from backbones.load import checkpoint_path, resolve_backbone
 from datamodules.demo import is_demo
 from tokenmix import paths
 from tokenmix.cli import BackboneFlags, Launch, finish_eval_args
@@ -28,19 +29,13 @@ from tokenmix.launch import LaunchError, count_devices, global_rank, install_sto
 from tokenmix.precision import device_line
 from tokenmix.results import backbone_entry, write_results
 
-from backbones.load import checkpoint_path, resolve_backbone
-from probes.instance.copy_detection import copy_detection_config
-from probes.core.flags import parse_flags
 from probes.core.data import DATAMODULES, probe_datamodule, probe_dataset, voc_trainaug
-from probes.video.davis_probe import DavisSettings, PropagationConfig
-from probes.headfree.runners import memory_sizes
-from probes.instance.image_retrieval import retrieval_config
-from probes.core.kinds import KINDS, ProbeContext, summary
-from probes.core.options import (BinNorm, DepthHead, DepthOptions, Head, KindOptions, KnnOptions, LinearOptions,
-                      OverclusterOptions, RetrievalOptions, SegOptions, Solver, Training)
-from probes.headfree.retrieval import Protocol, resolve_settings
+from probes.core.flags import OPTIONS, parse_flags, protocol_img_size
+from probes.core.kinds import KINDS, KindOptions, ProbeContext, summary
 from probes.core.task_table import ALT_KINDS, Kind, TaskSpec, get_task
 from probes.core.trainer import lightning_console
+from probes.dense.options import Solver
+from probes.headfree.runners import RetrievalOptions
 
 
 def parse_layers(layer: str, depth: int) -> list[Optional[list[int]]]:
@@ -82,7 +77,7 @@ class ProbeData:
     data: str        # --data ('demo', a dataset name, your own layout)
     data_root: str
     size: tuple[int, int]  # probe input (H, W): --img-size, else the task's (demo: its demo size)
-    batch_size: int        # per device: --batch-size, else the kind's
+    batch_size: Optional[int]  # per device: --batch-size, else the kind's (None: the kind has no DataModule)
     num_workers: int
     aug: bool              # not --no-aug (the linear probe's training view)
     train_split: str
@@ -103,74 +98,13 @@ class ProbeConfig:
     layer: str                    # --layer
     launch: Launch
     progress: bool
-    options: KindOptions          # the running kind's own (probes/core/options.py)
+    options: KindOptions          # the running kind's own (its class beside its protocol)
     runs_dir: Path
     record: dict[str, Any]        # the resolved flags, as results.json's config records them
 
     @property
     def probe_kind(self) -> Kind:
         return self.kind or self.task.kind
-
-
-def _training(f: argparse.Namespace) -> Training:
-    return Training(max_epochs=f.max_epochs, lr=f.lr, cache=not f.no_cache, cache_fp16=f.cache_fp16)
-
-
-def _knn(f: argparse.Namespace) -> KnnOptions:
-    return KnnOptions(ks=tuple(int(k) for k in str(f.knn_k).split(",") if k.strip()), temperature=f.knn_t)
-
-
-def _linear(f: argparse.Namespace) -> LinearOptions:
-    return LinearOptions(_training(f), aug=not f.no_aug)
-
-
-def _seg(f: argparse.Namespace) -> SegOptions:
-    return SegOptions(_training(f), Head(f.head), f.with_cls, Solver(f.solver), f.ridge_lambda)
-
-
-def _depth(f: argparse.Namespace) -> DepthOptions:
-    return DepthOptions(_training(f), Head(f.head), f.with_cls, DepthHead(f.depth_head), BinNorm(f.bin_norm))
-
-
-def _retrieval(f: argparse.Namespace) -> RetrievalOptions:
-    s = resolve_settings(Protocol(f.protocol), f.hb_aug_epochs, memory_sizes(f.hb_memory) if f.hb_memory else None,
-                         f.hb_std_typo)
-    return RetrievalOptions(memory=s.memory, k=f.hb_k, temperature=f.hb_temperature, aug_epochs=s.aug_epochs,
-                            seed=f.seed, protocol=Protocol(f.protocol), std_typo=s.std_typo, ade_other=s.ade_other,
-                            trainaug=s.trainaug)
-
-
-def _overcluster(f: argparse.Namespace) -> OverclusterOptions:
-    return OverclusterOptions(ks=f.cluster_k, iters=f.cluster_iters, seeds=f.cluster_seeds)
-
-
-def _davis(f: argparse.Namespace) -> DavisSettings:
-    return DavisSettings(PropagationConfig.parse(f.davis), batch_size=f.batch_size or 8, split=f.val_split or "val",
-                         max_sequences=f.max_samples)
-
-
-def _protocol_size(f: argparse.Namespace, kind: Kind) -> Optional[str]:
-    """--img-size, else the retrieval protocol's input size (hummingbird: 512), else None (the task's)."""
-    if f.img_size or kind != Kind.RETRIEVAL:
-        return f.img_size
-    size = resolve_settings(Protocol(f.protocol)).img_size
-    return str(size) if size else None
-
-
-# each kind's options from the flags: the only place that reads them
-OPTIONS: dict[Kind, Callable[[argparse.Namespace], KindOptions]] = {
-    Kind.KNN: _knn, Kind.LINEAR: _linear, Kind.SEG: _seg, Kind.DEPTH: _depth, Kind.RETRIEVAL: _retrieval,
-    Kind.OVERCLUSTER: _overcluster, Kind.DAVIS: _davis,
-    Kind.IMAGE_RETRIEVAL: lambda f: retrieval_config(f.task.strip(), f.img_size, f.multiscale, f.whole_queries),
-    Kind.COPY_DETECTION: lambda f: copy_detection_config(f.task.strip(), f.img_size, f.batch_size, f.whitening_root,
-                                                         f.distractors_root)}
-
-
-def _size(img_size: Optional[str], task: TaskSpec, demo: bool) -> tuple[int, int]:
-    if not img_size:
-        return tuple(task.demo_img_size if demo else task.img_size)
-    size = tuple(int(v) for v in str(img_size).split(","))
-    return size * 2 if len(size) == 1 else size
 
 
 def make_config(f: argparse.Namespace) -> ProbeConfig:
@@ -188,12 +122,13 @@ def make_config(f: argparse.Namespace) -> ProbeConfig:
     f = argparse.Namespace(**{**vars(f), "max_epochs": max_epochs, "max_samples": max_samples})
     record = {**vars(f), "variant": ev.backbone.variant, "ckpt": ev.backbone.ckpt, "data": ev.data,
               "arch": ev.backbone.arch, "num_nodes": ev.launch.num_nodes}
-    data = ProbeData(ev.data, ev.data_root, _size(_protocol_size(f, probe_kind), task, demo),
-                     f.batch_size or KINDS[probe_kind].batch_size, f.num_workers, not f.no_aug, f.train_split,
-                     f.val_split, max_samples)
+    size = task.input_size(protocol_img_size(f, probe_kind), demo)
+    data = ProbeData(ev.data, ev.data_root, size, f.batch_size or KINDS[probe_kind].batch_size, f.num_workers,
+                     not f.no_aug, f.train_split, f.val_split, max_samples)
     return ProbeConfig(task, kind, ev.backbone, checkpoint_path(ev.backbone.ckpt, ev.backbone.variant), f.seed,
                        f.patch_size or (8 if demo else 16), data, f.layer, ev.launch, f.progress,
-                       OPTIONS[probe_kind](f), Path(f.runs_dir) if f.runs_dir else paths.RUNS, record)
+                       OPTIONS[probe_kind](f, task, size[0]), Path(f.runs_dir) if f.runs_dir else paths.RUNS,
+                       record)
 
 
 def parse_args(argv: Optional[list[str]] = None) -> ProbeConfig:
@@ -264,8 +199,9 @@ def run(cfg: ProbeConfig) -> Path:
     from lightning.pytorch.loggers import TensorBoardLogger
     L.seed_everything(cfg.seed, verbose=False)
     ctx = build_context(cfg)
-    if global_rank() == 0:  # GPU + bf16, or CPU fp32
-        print(f"[probe] {device_line('cuda' if on_gpu(cfg.launch.accelerator) else 'cpu')}", flush=True)
+    if global_rank() == 0:  # GPU + bf16 (DINO's protocols: fp32 unless --bf16), or CPU fp32
+        bf16 = getattr(cfg.options, "bf16", True)
+        print(f"[probe] {device_line('cuda' if on_gpu(cfg.launch.accelerator) else 'cpu', bf16)}", flush=True)
     probe_dir = cfg.runs_dir / ctx.info.run_name / "probe"
     version = paths.run_version(probe_dir / run_name(ctx), count_devices(cfg.launch.accelerator,
                                                                          cfg.launch.devices) > 1)

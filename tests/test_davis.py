@@ -20,7 +20,7 @@ from official import davis2017_evaluation as off_eval
 from official import dino_video_segmentation as off
 from probes.video import propagation as ours
 from probes.video.davis_metrics import MEASURES, sequence_scores, summarize
-from probes.video.davis_probe import DavisSettings, run_sequence
+from probes.video.davis_probe import DavisOptions, run_sequence
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,7 +98,7 @@ def test_propagation_equals_official_on_random_features(T, h, w, n_last, radius)
     base = torch.randn(1, h, w, 48, generator=g)
     feats = (base + 0.7 * torch.randn(T, h, w, 48, generator=g)) * (0.2 + 6 * torch.rand(T, h, w, 1, generator=g))
     first = _first(h, w, 3, seed=w)
-    cfg = ours.PropagationConfig(n_last_frames=n_last, neighbourhood=radius)
+    cfg = ours.PropagationOptions(n_last_frames=n_last, neighbourhood=radius)
     mine = ours.propagate_video(feats, first, cfg)
     ref = _official_soft(feats, first, n_last, radius)
     torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-6)
@@ -112,7 +112,7 @@ def test_propagation_keeps_ties_at_the_kth_value_as_official():
     table = torch.randn(3, 16, generator=g)  # three distinct vectors: many sources tie exactly
     feats = table[torch.randint(0, 3, (T, h, w), generator=g)]
     first = _first(h, w, 2, seed=5)
-    cfg = ours.PropagationConfig(n_last_frames=2, neighbourhood=2)
+    cfg = ours.PropagationOptions(n_last_frames=2, neighbourhood=2)
     mine, ref = ours.propagate_video(feats, first, cfg), _official_soft(feats, first, 2, 2)
     torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-6)
     assert np.array_equal(ours.label_maps(mine, 2, (18, 22)), _official_labels(ref, 2, (18, 22)))
@@ -126,7 +126,7 @@ def test_fixture_pipeline_writes_the_official_loops_pngs_and_scores(davis_root, 
     monkeypatch.setattr(off.read_seg, "__defaults__", ([64],))
     off.evaluate_davis(_DinoView(vit), str(root), str(tmp_path / "official"), patch_size=8, n_last_frames=2,
                        size_mask_neighborhood=3)
-    settings = DavisSettings(propagation=ours.PropagationConfig(n_last_frames=2, neighbourhood=3, short_side=64))
+    settings = DavisOptions(propagation=ours.PropagationOptions(n_last_frames=2, neighbourhood=3, short_side=64))
     ds = DAVISDataset(root, "val")
     for i, seq in enumerate(SEQUENCES):
         res = run_sequence(vit, ds, i, settings, torch.device("cpu"), tmp_path / "ours")

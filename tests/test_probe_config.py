@@ -110,9 +110,10 @@ def test_no_namespace_below_the_cli_files(sweep):
     """At run time no product function below probes/run.py receives a Namespace; statically, no module below
     the CLI files imports argparse, and every kind's callables take typed options."""
     assert sweep["namespaces"] == []
-    from probes.core.kinds import KINDS, extract_all, run_knn, run_ridge, train_head
+    from probes.core.kinds import KINDS, KindOptions, train_head
     from probes.core.trainer import make_trainer
-    from probes.core.options import KindOptions
+    from probes.dense.ridge import run_ridge_kind
+    from probes.linear.knn import embed_splits, run_knn
     for kind in KINDS.values():
         for fn in (kind.features, kind.build, kind.runner):
             if fn is None:
@@ -121,11 +122,11 @@ def test_no_namespace_below_the_cli_files(sweep):
             params = inspect.signature(fn).parameters
             assert "args" not in params and "Namespace" not in str(params), (kind.kind, fn.__name__, params)
         assert kind.options in KindOptions.__args__
-    for fn in (extract_all, run_knn, run_ridge, train_head, make_trainer):
+    for fn in (embed_splits, run_knn, run_ridge_kind, train_head, make_trainer):
         assert "args" not in inspect.signature(fn).parameters and "Namespace" not in str(inspect.signature(fn))
     for pkg in ("probes", "analysis", "study"):
-        for path in (REPO / pkg).glob("*.py"):
-            rel = f"{pkg}/{path.name}"
+        for path in (REPO / pkg).rglob("*.py"):
+            rel = str(path.relative_to(REPO))
             src = path.read_text()
             if rel in CLI_FILES or '__name__ == "__main__"' in src:  # a command line's own file
                 continue

@@ -127,12 +127,12 @@ def test_memory_plan_warns_when_capped_and_protocols():
     with pytest.warns(UserWarning, match="memory 1000 is capped at 64 patches"):
         plans = hb.plan_memory([16, 1000], num_images=2, aug_epochs=2, num_patches=16)
     assert [(p.requested, p.per_image, p.rows, p.capped) for p in plans] == [(16, 4, 16, False), (1000, 16, 64, True)]
-    s = hb.PROTOCOLS[hb.Protocol("hummingbird")]
+    s = hb.PROTOCOLS[hb.DenseRetrievalProtocol("hummingbird")]
     assert (s.aug_epochs, s.img_size, s.memory, s.trainaug, s.std_typo, s.ade_other) == (
         2, 512, (102400, 1024000, 10240000), True, True, True)
-    given = hb.resolve_settings(hb.Protocol.HUMMINGBIRD, aug_epochs=3, memory=None, std_typo=False)
+    given = hb.resolve_settings(hb.DenseRetrievalProtocol.HUMMINGBIRD, aug_epochs=3, memory=None, std_typo=False)
     assert (given.aug_epochs, given.memory, given.std_typo, given.img_size) == (3, s.memory, False, 512)
-    assert hb.resolve_settings(hb.Protocol.PROJECT) == hb.PROTOCOLS[hb.Protocol.PROJECT]
+    assert hb.resolve_settings(hb.DenseRetrievalProtocol.PROJECT) == hb.PROTOCOLS[hb.DenseRetrievalProtocol.PROJECT]
     # ADE20K's "other": the project maps raw 0 to ignore (mmseg), the protocol restores the raw ids
     import numpy as np
 

@@ -226,14 +226,15 @@ def test_kind_registry_follows_the_protocols():
     """Per kind: DINO eval_linear (100 epochs, batch 256, [CLS] of the last 4 blocks), eval_knn (last-block
     [CLS], nothing trained), dense probes (40 epochs, batch 16; depth concatenates [CLS] as DINOv2, seg does not)."""
     from probes.core.kinds import KINDS, summary
-    from probes.core.options import DepthOptions, Head, SegOptions
-    from probes.run import OPTIONS, parse_flags
+    from probes.core.flags import OPTIONS, parse_flags
+    from probes.dense.options import DepthOptions, Head, SegOptions
     from probes.core.task_table import ALT_KINDS, TASKS, Kind
     alts = {k for kinds in ALT_KINDS.values() for k in kinds}  # --kind retrieval / overcluster on seg tasks
     assert {t.kind for t in TASKS.values()} | alts == set(KINDS) == set(Kind)
     assert [(KINDS[k].epochs, KINDS[k].batch_size) for k in (Kind.KNN, Kind.LINEAR, Kind.SEG, Kind.DEPTH)] == [
         (0, 64), (100, 256), (40, 16), (40, 16)]
-    options = {k: OPTIONS[k](parse_flags(["--task", "voc"])) for k in Kind}  # every kind's, from the defaults
+    voc = TASKS["voc"]
+    options = {k: OPTIONS[k](parse_flags(["--task", "voc"]), voc, 448) for k in Kind}  # every kind's defaults
     spec = {k: KINDS[k].features(options[k], 12, None).describe() for k in Kind}
     assert spec[Kind.KNN] == {"kind": "cls", "n_last_blocks": 1, "blocks": None, "with_cls": False}
     assert spec[Kind.LINEAR]["n_last_blocks"] == 4 and \

@@ -1,17 +1,29 @@
-"""``make probe``'s command line: the parser and the --config file's defaults under it. Only ``probes/run.py``
-reads the result, and turns it into one typed ``ProbeConfig`` (``make_config``)."""
+"""``make probe``'s command line: the parser, the --config file's defaults under it, and each kind's typed options
+built from the flags (``kind_options``). Only ``probes/run.py`` reads the result.
+
+A flag of one protocol defaults to None: its default is written once, in that protocol's options class, and
+``kind_options`` passes only the flags given. A new option: a field there, its flag here, one keyword in its
+builder (``OPTIONS``).
+"""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from tokenmix.cli import eval_parent_parser
-from tokenmix.knn import DEFAULT_KS
 
-from probes.core.options import BinNorm, DepthHead, Head, Solver
-from probes.headfree.retrieval import K_NEIGHBOURS, TEMPERATURE, Protocol
-from probes.core.task_table import TASKS
+from probes.core.options import Training
+from probes.core.task_table import TASKS, Kind, TaskSpec
+from probes.dense.options import BinNorm, DepthHead, DepthOptions, Head, SegOptions, Solver
+from probes.headfree.retrieval import DenseRetrievalProtocol, resolve_settings
+from probes.headfree.runners import OverclusterOptions, RetrievalOptions
+from probes.instance.copy_detection import CopyDetectionOptions
+from probes.instance.image_retrieval import DINO_MULTISCALE, ImageRetrievalOptions
+from probes.linear.knn import KnnOptions
+from probes.linear.module_linear import LinearOptions
+from probes.video.davis_probe import DavisOptions
+from probes.video.propagation import PropagationOptions
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,32 +36,35 @@ def build_parser() -> argparse.ArgumentParser:
                    "every task, 'tasks: {<task>: {...}}' per task; command-line flags win")
     p.add_argument("--layer", default="", help="'' = the protocol's blocks, k = block k, 'all' = every block, "
                    "'0,3' = a list")
-    p.add_argument("--max-epochs", type=int, default=None, help="default: imagenet 100, dense probes 40")
-    p.add_argument("--batch-size", type=int, default=None, help="default: 256 imagenet, 16 dense, 64 k-NN")
+    p.add_argument("--max-epochs", type=int, default=None, help="default: the kind's (probes.core.kinds.KINDS)")
+    p.add_argument("--batch-size", type=int, default=None, help="per device; default: the kind's (KINDS; DAVIS, "
+                   "copy detection: their options')")
     p.add_argument("--lr", type=float, default=None, help="default: the protocol's")
     p.add_argument("--img-size", default=None, help="probe input size 'S' or 'H,W' (default: per task, see docs)")
     p.add_argument("--patch-size", type=int, default=None,
                    help="patch size of --ckpt pixels (default: demo 8, else 16)")
-    p.add_argument("--head", choices=[h.value for h in Head], default="linear",
-                   help="segmentation: last block (linear) or last 4 blocks (linear4)")
+    p.add_argument("--head", choices=[h.value for h in Head], default=None,
+                   help="dense: last block (linear, default) or last 4 blocks (linear4)")
     p.add_argument("--cls", dest="with_cls", action="store_true", default=None,
                    help="concatenate [CLS] to the patch tokens (default: on for depth, off for segmentation)")
     p.add_argument("--no-cls", dest="with_cls", action="store_false")
-    p.add_argument("--depth-head", choices=[h.value for h in DepthHead], default="bins")
-    p.add_argument("--bin-norm", choices=[n.value for n in BinNorm], default="linear",
-                   help="bins -> probabilities: DINOv2's 'linear' (relu + 0.1, normalise) or softmax")
-    p.add_argument("--solver", choices=[v.value for v in Solver], default="sgd",
+    p.add_argument("--depth-head", choices=[h.value for h in DepthHead], default=None, help="default: bins")
+    p.add_argument("--bin-norm", choices=[n.value for n in BinNorm], default=None,
+                   help="bins -> probabilities: DINOv2's 'linear' (default; relu + 0.1, normalise) or softmax")
+    p.add_argument("--solver", choices=[v.value for v in Solver], default=None,
                    help="segmentation: the trained BN + linear head (sgd, the protocol) or the closed-form ridge probe "
                    "of the pretraining's DenseProbeCheck (probes/dense/ridge.py)")
-    p.add_argument("--ridge-lambda", type=float, default=1e-2, help="--solver ridge: penalty (x number of patches)")
+    p.add_argument("--ridge-lambda", type=float, default=None, help="--solver ridge: penalty (x number of patches)")
     p.add_argument("--no-cache", action="store_true", help="recompute frozen features every epoch")
     p.add_argument("--cache-fp16", action="store_true", help="store cached features as float16 (half the memory)")
     p.add_argument("--no-aug", action="store_true", help="imagenet: no RandomResizedCrop/flip (features cached)")
     p.add_argument("--train-split", default="train")
     p.add_argument("--val-split", default=None, help="default: val (depth datasets: test)")
     p.add_argument("--max-samples", type=int, default=None, help="use the first N samples of each split")
-    p.add_argument("--knn-k", default=",".join(map(str, DEFAULT_KS)), help="k-NN: comma-separated k values")
-    p.add_argument("--knn-t", type=float, default=0.07, help="k-NN temperature")
+    p.add_argument("--knn-k", default=None, help="k-NN: comma-separated k values (default: DINO's 10,20,100,200)")
+    p.add_argument("--knn-t", type=float, default=None, help="k-NN temperature (default: DINO's 0.07)")
+    p.add_argument("--bf16", action="store_true", help="DINO's protocols (k-NN, linear, roxford5k / rparis6k, "
+                   "copydays) in bf16 autocast on CUDA instead of DINO's fp32 (docs/probes/core.md: the deviation)")
     headless_flags(p)
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--accelerator", default="auto")
@@ -64,26 +79,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def headless_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The head-free dense kinds' flags: dense retrieval (``--kind retrieval``), overclustering, DAVIS."""
-    p.add_argument("--protocol", choices=[v.value for v in Protocol], default=Protocol.PROJECT.value, help="retrieval:"
+    p.add_argument("--protocol", choices=[v.value for v in DenseRetrievalProtocol], default=DenseRetrievalProtocol.PROJECT.value, help="retrieval:"
                    " 'hummingbird' = the reference's published setting (docs/probes.md); explicit flags win")
     p.add_argument("--hb-memory", default=None, help="retrieval: memory sizes in patches (default 1024 x 10^2, "
                    "10^3, 10^4; each capped at every patch of every view, with a warning)")
-    p.add_argument("--hb-k", type=int, default=K_NEIGHBOURS, help="retrieval: nearest neighbours per patch")
-    p.add_argument("--hb-temperature", type=float, default=TEMPERATURE, help="retrieval: attention temperature")
+    p.add_argument("--hb-k", type=int, default=None, help="retrieval: nearest neighbours per patch (default 30)")
+    p.add_argument("--hb-temperature", type=float, default=None, help="retrieval: attention temperature (0.02)")
     p.add_argument("--hb-aug-epochs", type=int, default=None, help="retrieval: views of each training image (1 or 2)")
     p.add_argument("--hb-std-typo", action=argparse.BooleanOptionalAction, default=None,
                    help="retrieval: normalise with the reference's std (0.229, 0.224, 0.255) (default: hummingbird)")
-    p.add_argument("--cluster-k", default="1x,2x,5x,10x",
-                   help="overcluster: K values, 'Nx' = N x the number of classes (e.g. '1x,100,300')")
-    p.add_argument("--cluster-iters", type=int, default=100, help="overcluster: faiss k-means iterations (niter)")
-    p.add_argument("--cluster-seeds", type=int, default=5,
+    p.add_argument("--cluster-k", default=None, help="overcluster: K values, 'Nx' = N x the number of classes "
+                   "(e.g. '1x,100,300'; default 1x,2x,5x,10x)")
+    p.add_argument("--cluster-iters", type=int, default=None, help="overcluster: faiss k-means iterations (100)")
+    p.add_argument("--cluster-seeds", type=int, default=None,
                    help="overcluster: k-means runs (seeds 0..N-1), reported as mean and std (Leopart / NeCo: 5)")
-    p.add_argument("--davis", default="", help="davis: 'key=value,...' of probes.video.propagation.PropagationConfig")
+    p.add_argument("--davis", default="", help="davis: 'key=value,...' of probes.video.propagation.PropagationOptions")
     return p
 
 
 def image_level_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The image-level tasks' flags (``probes.run`` turns them into ``RetrievalConfig`` / ``CopyDetectionConfig``)."""
+    """The image-level tasks' flags (``ImageRetrievalOptions`` / ``CopyDetectionOptions``)."""
     p.add_argument("--multiscale", action=argparse.BooleanOptionalAction, default=None,
                    help="roxford5k / rparis6k: [CLS] averaged over scales 1, 1/sqrt2, 1/2 (default: rparis6k on)")
     p.add_argument("--whole-queries", action="store_true", help="roxford5k / rparis6k: queries not cropped to "
@@ -112,3 +127,87 @@ def parse_flags(argv: Optional[list[str]] = None) -> argparse.Namespace:
         parser.set_defaults(**defaults)
         args = parser.parse_args(argv)  # command-line flags override the file
     return args
+
+
+# --------------------------------------------------------------------------- each kind's options from the flags
+
+def given(**kw) -> dict[str, Any]:
+    """The keywords whose flag was given (not None): the others keep their options class's default."""
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def memory_sizes(spec: str) -> tuple[int, ...]:
+    """--hb-memory '102400,1024000' -> (102400, 1024000)."""
+    try:
+        sizes = [int(float(s)) for s in str(spec).split(",") if s.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--hb-memory {spec!r}: expected comma-separated patch counts, e.g. 102400,1024000")
+    return tuple(sizes)
+
+
+def _training(f: argparse.Namespace) -> Training:
+    return Training(max_epochs=f.max_epochs, lr=f.lr, cache=not f.no_cache, cache_fp16=f.cache_fp16)
+
+
+def _knn(f: argparse.Namespace) -> KnnOptions:
+    ks = None if f.knn_k is None else tuple(int(k) for k in str(f.knn_k).split(",") if k.strip())
+    return KnnOptions(**given(ks=ks, temperature=f.knn_t), bf16=f.bf16)
+
+
+def _dense(f: argparse.Namespace, cls: type) -> "SegOptions | DepthOptions":
+    enums = {"head": Head, "solver": Solver, "depth_head": DepthHead, "bin_norm": BinNorm}
+    fields = {k: getattr(f, k) for k in ("head", "solver", "ridge_lambda", "depth_head", "bin_norm")
+              if k in cls.__dataclass_fields__}
+    return cls(_training(f), with_cls=f.with_cls, **{k: enums[k](v) if k in enums else v
+                                                       for k, v in given(**fields).items()})
+
+
+def _retrieval(f: argparse.Namespace) -> RetrievalOptions:
+    protocol = DenseRetrievalProtocol(f.protocol)
+    s = resolve_settings(protocol, f.hb_aug_epochs, memory_sizes(f.hb_memory) if f.hb_memory else None,
+                         f.hb_std_typo)
+    return RetrievalOptions(memory=s.memory, aug_epochs=s.aug_epochs, seed=f.seed, protocol=protocol,
+                            std_typo=s.std_typo, ade_other=s.ade_other, trainaug=s.trainaug,
+                            **given(k=f.hb_k, temperature=f.hb_temperature))
+
+
+def _davis(f: argparse.Namespace) -> DavisOptions:
+    return DavisOptions(PropagationOptions.parse(f.davis), max_sequences=f.max_samples,
+                        **given(batch_size=f.batch_size, split=f.val_split))
+
+
+def _image_retrieval(f: argparse.Namespace, task: TaskSpec, side: int) -> ImageRetrievalOptions:
+    ms = DINO_MULTISCALE.get(task.name, False) if f.multiscale is None else bool(f.multiscale)
+    return ImageRetrievalOptions(imsize=side, multiscale=ms, crop_queries=not f.whole_queries, bf16=f.bf16)
+
+
+def _copy_detection(f: argparse.Namespace, task: TaskSpec, side: int) -> CopyDetectionOptions:
+    """'' roots: ``<DATA_ROOT>/whitening`` / ``distractors`` when present."""
+    roots = {k: Path(v).expanduser() for k, v in (("whitening_root", f.whitening_root),
+                                                   ("distractors_root", f.distractors_root)) if v}
+    return CopyDetectionOptions(imsize=side, bf16=f.bf16, **roots, **given(batch_size=f.batch_size))
+
+
+# each kind's options from the flags (f), the task and the image-level tasks' side (the probe size's first value)
+OPTIONS: dict[Kind, Callable[[argparse.Namespace, TaskSpec, int], Any]] = {
+    Kind.KNN: lambda f, task, side: _knn(f),
+    Kind.LINEAR: lambda f, task, side: LinearOptions(_training(f), aug=not f.no_aug, bf16=f.bf16),
+    Kind.SEG: lambda f, task, side: _dense(f, SegOptions),
+    Kind.DEPTH: lambda f, task, side: _dense(f, DepthOptions),
+    Kind.RETRIEVAL: lambda f, task, side: _retrieval(f),
+    Kind.OVERCLUSTER: lambda f, task, side: OverclusterOptions(**given(ks=f.cluster_k, iters=f.cluster_iters,
+                                                                       seeds=f.cluster_seeds)),
+    Kind.DAVIS: lambda f, task, side: _davis(f),
+    Kind.IMAGE_RETRIEVAL: _image_retrieval,
+    Kind.COPY_DETECTION: _copy_detection,
+}
+
+
+def protocol_img_size(f: argparse.Namespace, kind: Kind) -> Optional[str]:
+    """--img-size, else the dense retrieval protocol's input size (hummingbird: 512), else None (the task's)."""
+    if f.img_size or kind != Kind.RETRIEVAL:
+        return f.img_size
+    size = resolve_settings(DenseRetrievalProtocol(f.protocol)).img_size
+    return str(size) if size else None

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from probes.dense.depth_metric import DepthMetrics
 from probes.core.heads import LinearDepthHead, SigLoss
 from probes.core.module_base import ProbeModule
+from probes.dense.options import DepthHead, DepthOptions
 from probes.dense.module_seg import warmup_cosine
 from probes.dense.visualize import colour_depth, panel
 
@@ -79,3 +80,13 @@ class DepthProbe(ProbeModule):
         warmup = min(max(1, total // 20), 1500)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, total, warmup))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def build_depth(ctx, features, kw: dict) -> DepthProbe:
+    """``KINDS[Kind.DEPTH].build``: the dataset's depth range, crop and clip (a custom dataset: its own)."""
+    from probes.core.task_table import depth_eval_settings
+    opts: DepthOptions = ctx.options
+    lo, hi, crop, clip = depth_eval_settings(ctx.dataset, getattr(ctx.dm, "val_set", None))
+    return DepthProbe(features, ctx.dm, min_depth=lo, max_depth=hi, crop=crop, clip=clip,
+                      classify=opts.depth_head == DepthHead.BINS, norm=opts.bin_norm.value, cache=opts.train.cache,
+                      **({"lr": opts.train.lr} if opts.train.lr else {}), **kw)

@@ -10,7 +10,8 @@ scores at its input size).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -19,38 +20,42 @@ from datamodules.transforms.dense import FixedResize
 from datamodules.transforms.views import IMAGENET_STD
 from tokenmix.launch import global_rank
 
-from probes.core.features import FeatureSpec, FrozenFeatures, gather_shards, sharded_predict
-from probes.headfree.matching import hungarian, matched_miou
-from probes.core.options import OverclusterOptions, RetrievalOptions
-from probes.core.trainer import make_trainer
+from probes.core.features import FeatureSpec, FrozenFeatures, sharded_predict
 from probes.headfree import retrieval as hb
+from probes.headfree.matching import hungarian, matched_miou
 
 
-def _predict_pass(ctx, features: FrozenFeatures, dataset, step: Callable, end: Callable):
-    """``sharded_predict`` on the probes' Trainer and the validation loader's settings (``ctx``:
-    ``probes.core.kinds.ProbeContext``); ``step`` reads the features as ``module.net``."""
-    return sharded_predict(make_trainer(ctx.launch, ctx.progress, logger=False, enable_checkpointing=False),
-                           features, dataset, step, end, batch_size=ctx.dm.val_batch_size, collate_fn=dense_collate,
-                           num_workers=ctx.dm.num_workers)
+@dataclass(frozen=True)
+class RetrievalOptions:
+    """Hummingbird dense retrieval (``run_retrieval``); what --protocol fixes: ``hb.resolve_settings``."""
+    memory: tuple[int, ...]  # --hb-memory: memory sizes in patches
+    aug_epochs: int          # --hb-aug-epochs: augmented views of each training image
+    seed: int                # --seed: the views' random draws
+    k: int = hb.K_NEIGHBOURS                # --hb-k: nearest neighbours per patch
+    temperature: float = hb.TEMPERATURE     # --hb-temperature
+    protocol: hb.DenseRetrievalProtocol = hb.DenseRetrievalProtocol.PROJECT  # --protocol
+    std_typo: bool = False   # --hb-std-typo: normalise with the reference's std (0.255 for blue)
+    ade_other: bool = False  # ADE20K: "other" a class of its own, ignored when scoring (hummingbird)
+    trainaug: bool = False   # VOC: the memory from trainaug (voc_aug) when its list is there (hummingbird)
+    train_note: Optional[str] = None  # set when trainaug was asked for but the list is missing
 
 
-def _gather(module, local: torch.Tensor, n: int) -> torch.Tensor:
-    return gather_shards(local, n, module.global_rank, module.trainer.world_size, module.all_gather)
+@dataclass(frozen=True)
+class OverclusterOptions:
+    """Overclustering as Leopart / NeCo (``run_overcluster``, ``probes.headfree.overcluster``)."""
+    ks: str = "1x,2x,5x,10x"  # --cluster-k: K values, 'Nx' = N x the number of classes
+    iters: int = 100          # --cluster-iters: faiss k-means iterations (niter; the reference's 100)
+    seeds: int = 5            # --cluster-seeds: k-means runs with seeds 0 .. seeds - 1, averaged (the reference's)
+
+
+def _predict_pass(ctx, features: FrozenFeatures, dataset, step: Callable, end: Optional[Callable] = None):
+    """``sharded_predict`` with the validation loader's settings (``ctx``: ``probes.core.kinds.ProbeContext``)."""
+    return sharded_predict(ctx.launch, features, dataset, step, batch_size=ctx.dm.val_batch_size,
+                           collate_fn=dense_collate, num_workers=ctx.dm.num_workers, progress=ctx.progress, end=end)
 
 
 def _val_view(ctx) -> SplitView:
     return SplitView(ctx.dm.val_set.dataset, FixedResize(ctx.dm.img_size, targets=True))
-
-
-def memory_sizes(spec: str) -> tuple[int, ...]:
-    """--hb-memory '102400,1024000' -> (102400, 1024000)."""
-    try:
-        sizes = [int(float(s)) for s in str(spec).split(",") if s.strip()]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise ValueError(f"--hb-memory {spec!r}: expected comma-separated patch counts, e.g. 102400,1024000")
-    return tuple(sizes)
 
 
 def _ade_other(ctx, a: RetrievalOptions) -> bool:
@@ -76,15 +81,7 @@ def build_memory(ctx, a: RetrievalOptions, features: FrozenFeatures, n_keep: int
         E = a.aug_epochs
         return fk.reshape(-1, E, *fk.shape[1:]), lk.reshape(-1, E, *lk.shape[1:])
 
-    def end(m):
-        D = features.out_dim
-        f = torch.cat([p[0] for p in m.local]) if m.local else torch.zeros(0, a.aug_epochs, n_keep, D,
-                                                                            device=m.device)
-        y = torch.cat([p[1] for p in m.local]) if m.local else torch.zeros(0, a.aug_epochs, n_keep, C,
-                                                                            device=m.device)
-        return _gather(m, f, len(train)), _gather(m, y, len(train))
-
-    return _predict_pass(ctx, features, train, step, end)
+    return _predict_pass(ctx, features, train, step)
 
 
 def run_retrieval(ctx, a: RetrievalOptions, spec: FeatureSpec, logger) -> dict[str, Any]:
@@ -135,20 +132,11 @@ def run_overcluster(ctx, a: OverclusterOptions, spec: FeatureSpec, logger) -> di
     C, t0 = ctx.dm.num_classes, time.perf_counter()
     ks = resolve_ks(a.ks, C)
     features, val = FrozenFeatures(ctx.info.model, spec), _val_view(ctx)
-    h, w = (s // ctx.patch_size for s in ctx.dm.img_size)
 
     def step(m, batch):
         return m.net(batch["image"]), torch.as_tensor(batch["mask"]).to(m.device)
 
-    def end(m):
-        if m.local:
-            f, y = torch.cat([p[0] for p in m.local]), torch.cat([p[1] for p in m.local])
-        else:  # an empty shard (fewer images than processes) still takes part in the gather
-            f = torch.zeros(0, features.out_dim, h, w, device=m.device)
-            y = torch.zeros(0, *ctx.dm.img_size, dtype=torch.long, device=m.device)
-        return _gather(m, f, len(val)), _gather(m, y, len(val))
-
-    feats, masks = _predict_pass(ctx, features, val, step, end)
+    feats, masks = _predict_pass(ctx, features, val, step)
     if global_rank() != 0:  # every rank took part in the extraction; rank 0 clusters and reports
         return {}
     res = overcluster(feats, masks.cpu(), C, ks, ClusterSettings(seeds=a.seeds, niter=a.iters))
