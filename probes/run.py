@@ -101,6 +101,7 @@ class ProbeConfig:
     options: KindOptions          # the running kind's own (its class beside its protocol)
     runs_dir: Path
     record: dict[str, Any]        # the resolved flags, as results.json's config records them
+    note: Optional[str] = None    # the first line of the output: DATA chosen for the user (DATA_ROOT alone)
 
     @property
     def probe_kind(self) -> Kind:
@@ -116,7 +117,11 @@ def make_config(f: argparse.Namespace) -> ProbeConfig:
     probe_kind = kind or task.kind
     if f.solver == Solver.RIDGE.value and probe_kind != Kind.SEG:
         raise ValueError(f"--solver ridge is for segmentation tasks, not {probe_kind.value}")
-    demo = is_demo(f.data)
+    note = None
+    if not (f.data or "").strip() and f.data_root:  # DATA_ROOT alone names the task's own dataset
+        f = argparse.Namespace(**{**vars(f), "data": task.dataset})
+        note = f"[probe] DATA={task.dataset}: task {task.name}'s own dataset (DATA_ROOT given, DATA not)"
+    demo = is_demo(f.data or "demo")
     ev = finish_eval_args(f, demo=demo, accelerator=f.accelerator)
     max_epochs, max_samples = (f.max_epochs or 2, f.max_samples or 16) if f.quick else (f.max_epochs, f.max_samples)
     f = argparse.Namespace(**{**vars(f), "max_epochs": max_epochs, "max_samples": max_samples})
@@ -128,7 +133,7 @@ def make_config(f: argparse.Namespace) -> ProbeConfig:
     return ProbeConfig(task, kind, ev.backbone, checkpoint_path(ev.backbone.ckpt, ev.backbone.variant), f.seed,
                        f.patch_size or (8 if demo else 16), data, f.layer, ev.launch, f.progress,
                        OPTIONS[probe_kind](f, task, size[0]), Path(f.runs_dir) if f.runs_dir else paths.RUNS,
-                       record)
+                       record, note)
 
 
 def parse_args(argv: Optional[list[str]] = None) -> ProbeConfig:
@@ -197,6 +202,8 @@ def run(cfg: ProbeConfig) -> Path:
     """One probe run of ``cfg``: results.json, TensorBoard events and heads in a fresh version folder."""
     import lightning as L
     from lightning.pytorch.loggers import TensorBoardLogger
+    if cfg.note and global_rank() == 0:
+        print(cfg.note, flush=True)
     L.seed_everything(cfg.seed, verbose=False)
     ctx = build_context(cfg)
     if global_rank() == 0:  # GPU + bf16 (DINO's protocols: fp32 unless --bf16), or CPU fp32

@@ -299,3 +299,43 @@ def test_davis_two_processes_give_the_figures_of_one(davis_root, tmp_path):
     b = sorted((tmp_path / "two").rglob("masks/*/*.png"))
     assert [x.relative_to(x.parents[2]) for x in a] == [y.relative_to(y.parents[2]) for y in b] and len(a) == 11
     assert all(np.array_equal(np.asarray(Image.open(x)), np.asarray(Image.open(y))) for x, y in zip(a, b))
+
+
+@pytest.mark.timeout(60)
+def test_data_root_alone_names_the_tasks_dataset(davis_root):
+    """DATA_ROOT given and DATA not: DATA is the task's own dataset, said on the output's first line; DATA
+    given wins; neither: the demo data. make passes DATA only when the user gave it."""
+    import subprocess
+
+    from probes.run import parse_args
+    root, _ = davis_root
+    parse = lambda *a: parse_args(["--ckpt", "random", *a])  # noqa: E731
+    cfg = parse("--task", "davis", "--data-root", str(root))
+    assert cfg.data.data == "davis" and cfg.note.startswith("[probe] DATA=davis")
+    assert parse("--task", "voc").data.data == "demo" and parse("--task", "voc").note is None
+    given = parse("--task", "voc", "--data", "demo", "--data-root", str(root))
+    assert given.data.data == "demo" and given.note is None
+    repo = Path(__file__).resolve().parents[1]
+    dry = lambda *a: subprocess.run(["make", "-n", "-o", ".venv/.installed", "probe", *a], cwd=repo,  # noqa: E731
+                                    capture_output=True, text=True, timeout=50).stdout
+    assert "--data '' --data-root '/x'" in dry("TASK=davis", "DATA_ROOT=/x")
+    assert "--data 'voc'" in dry("TASK=voc", "DATA=voc")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_make_probe_davis_with_data_root_alone_runs(davis_root, tmp_path):
+    """``make probe TASK=davis DATA_ROOT=<DAVIS folder>`` runs on the task's dataset (no "no built-in demo data")."""
+    import sys
+
+    from helpers import procs
+    root, _ = davis_root
+    repo = Path(__file__).resolve().parents[1]
+    args = f"--runs-dir {tmp_path} --arch vit_test_patch8 --davis short_side=64,neighbourhood=3 --accelerator cpu"
+    p = procs.run(["make", "-s", "-o", ".venv/.installed", "probe", "TASK=davis", f"DATA_ROOT={root}", "CKPT=random",
+                   f"ARGS={args}"], cwd=repo, timeout=280,
+                  env={"PYTHONPATH": str(repo), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert p.stdout.splitlines()[0].startswith("[probe] DATA=davis: task davis's own dataset")
+    res = json.loads(next(tmp_path.glob("*/probe/davis/version_*/results.json")).read_text())
+    assert res["data"] == "davis" and res["metrics"]["num_sequences"] == len(SEQUENCES)

@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m probes.run", description=__doc__, parents=[eval_parent_parser()],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
+    p.set_defaults(data="")  # --data not given: the demo data, or with --data-root the task's own dataset
     p.add_argument("--kind", default="", help="'' = the task's own probe; segmentation tasks also take 'retrieval' "
                    "(Hummingbird dense retrieval) and 'overcluster' (k-means + matching), neither trains a head")
     p.add_argument("--config", default=None, help="YAML of defaults (configs/probe/*.yaml): top-level flags for "
