@@ -151,6 +151,6 @@ def extract_sharded(extract: Callable, model, dataset, max_images: int, opts: Op
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(module\\(s\\) in eval mode|does not have many workers).*")
-        parts = sharded_predict(launch, model, list(range(n)), step, batch_size=opts.batch_size,
-                                collate_fn=list, move_batch=False, end=lambda m: gather_objects(m, dst=0))
+        parts = sharded_predict(launch, model, [list(range(n))], step, batch_size=opts.batch_size,
+                                collate_fn=list, move_batch=False, end=lambda m: gather_objects(m, dst=0))[0]
     return None if parts is None else merge(parts)

@@ -6,7 +6,7 @@ one fixture-like sequence at DAVIS's grid, backbone excluded (both would run the
 ``run(quick=False) -> {"rows": [...], "speedup_val": official / ours, "identical_masks": ...}``. Full: 6 frames at a
 30 x 52 grid (DAVIS 480p, 480 x 832 input at patch 16), D = 384 (ViT-S), 3 objects; quick: a 12 x 20 grid.
 Also times our metrics per object-frame at 480 x 854 and a ViT-S/16 forward per frame at 480 x 832, the counts the
-prediction of a full DAVIS val run in docs/probes.md multiplies.
+prediction of a full DAVIS val run in docs/probes/video.md multiplies.
 """
 from __future__ import annotations
 

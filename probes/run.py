@@ -20,21 +20,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from backbones.load import checkpoint_path, resolve_backbone
+from backbones.load import resolve_backbone
 from datamodules.demo import is_demo
 from tokenmix import paths
-from tokenmix.cli import BackboneFlags, Launch, finish_eval_args
 from tokenmix.io import CheckpointError
 from tokenmix.launch import LaunchError, count_devices, global_rank, install_stop_handlers, on_gpu
 from tokenmix.precision import device_line
 from tokenmix.results import backbone_entry, write_results
 
 from probes.core.data import DATAMODULES, probe_datamodule, probe_dataset, voc_trainaug
-from probes.core.flags import OPTIONS, parse_flags, protocol_img_size
-from probes.core.kinds import KINDS, KindOptions, ProbeContext, summary
-from probes.core.task_table import ALT_KINDS, Kind, TaskSpec, get_task
+from probes.core.flags import ProbeConfig, make_config, parse_args  # noqa: F401  (make_config: tests patch it)
+from probes.core.kinds import KINDS, ProbeContext, summary
 from probes.core.trainer import lightning_console
-from probes.dense.options import Solver
 from probes.headfree.runners import RetrievalOptions
 
 
@@ -53,92 +50,6 @@ def parse_layers(layer: str, depth: int) -> list[Optional[list[int]]]:
     if bad:
         raise ValueError(f"--layer {layer!r}: block {bad} out of range for a {depth}-block backbone (0..{depth - 1})")
     return [[b % depth] for b in blocks]
-
-
-def resolve_kind(task: TaskSpec, kind: str) -> Optional[Kind]:
-    """--kind: '' or the task's own kind -> None; a head-free kind the task's data feeds (tasks.ALT_KINDS)."""
-    kind = (kind or "").strip()
-    if not kind or kind == task.kind.value:
-        return None
-    alts = ALT_KINDS.get(task.kind, ())
-    if kind not in [k.value for k in alts]:
-        ok = ", ".join(k.value for k in alts) or "none besides its own"
-        raise ValueError(f"--kind {kind!r} does not apply to task {task.name!r} ({task.kind.value}); kinds it takes: "
-                         f"{ok}. Retrieval and overclustering run on the segmentation tasks (voc, ade20k, "
-                         "cityscapes, seg)")
-    return Kind(kind)
-
-
-# --------------------------------------------------------------------------- the run's one typed config
-
-@dataclass(frozen=True)
-class ProbeData:
-    """The task's data: which dataset, the probe input, the loaders."""
-    data: str        # --data ('demo', a dataset name, your own layout)
-    data_root: str
-    size: tuple[int, int]  # probe input (H, W): --img-size, else the task's (demo: its demo size)
-    batch_size: Optional[int]  # per device: --batch-size, else the kind's (None: the kind has no DataModule)
-    num_workers: int
-    aug: bool              # not --no-aug (the linear probe's training view)
-    train_split: str
-    val_split: Optional[str]  # None: the task's (val; depth: test)
-    max_samples: Optional[int]
-
-
-@dataclass(frozen=True)
-class ProbeConfig:
-    """Everything one ``make probe`` reads, typed and resolved once from the flags (``make_config``)."""
-    task: TaskSpec
-    kind: Optional[Kind]          # --kind: None = the task's own, else a head-free kind (tasks.ALT_KINDS)
-    backbone: BackboneFlags
-    checkpoint: Optional[Path]    # the file --ckpt names (None: random / pixels), found once before the data
-    seed: int
-    patch_size: int               # of --ckpt pixels
-    data: ProbeData
-    layer: str                    # --layer
-    launch: Launch
-    progress: bool
-    options: KindOptions          # the running kind's own (its class beside its protocol)
-    runs_dir: Path
-    record: dict[str, Any]        # the resolved flags, as results.json's config records them
-    note: Optional[str] = None    # the first line of the output: DATA chosen for the user (DATA_ROOT alone)
-
-    @property
-    def probe_kind(self) -> Kind:
-        return self.kind or self.task.kind
-
-
-def make_config(f: argparse.Namespace) -> ProbeConfig:
-    """The run's config from the parsed flags: the task and kind looked up, the shared eval flags checked
-    (``tokenmix.cli.finish_eval_args``), --quick applied, the kind's options built, and the checkpoint file found
-    (a wrong CKPT fails before the data is opened or generated)."""
-    task = get_task(f.task.strip())
-    kind = resolve_kind(task, f.kind)
-    probe_kind = kind or task.kind
-    if f.solver == Solver.RIDGE.value and probe_kind != Kind.SEG:
-        raise ValueError(f"--solver ridge is for segmentation tasks, not {probe_kind.value}")
-    note = None
-    if not (f.data or "").strip() and f.data_root:  # DATA_ROOT alone names the task's own dataset
-        f = argparse.Namespace(**{**vars(f), "data": task.dataset})
-        note = f"[probe] DATA={task.dataset}: task {task.name}'s own dataset (DATA_ROOT given, DATA not)"
-    demo = is_demo(f.data or "demo")
-    ev = finish_eval_args(f, demo=demo, accelerator=f.accelerator)
-    max_epochs, max_samples = (f.max_epochs or 2, f.max_samples or 16) if f.quick else (f.max_epochs, f.max_samples)
-    f = argparse.Namespace(**{**vars(f), "max_epochs": max_epochs, "max_samples": max_samples})
-    record = {**vars(f), "variant": ev.backbone.variant, "ckpt": ev.backbone.ckpt, "data": ev.data,
-              "arch": ev.backbone.arch, "num_nodes": ev.launch.num_nodes}
-    size = task.input_size(protocol_img_size(f, probe_kind), demo)
-    data = ProbeData(ev.data, ev.data_root, size, f.batch_size or KINDS[probe_kind].batch_size, f.num_workers,
-                     not f.no_aug, f.train_split, f.val_split, max_samples)
-    return ProbeConfig(task, kind, ev.backbone, checkpoint_path(ev.backbone.ckpt, ev.backbone.variant), f.seed,
-                       f.patch_size or (8 if demo else 16), data, f.layer, ev.launch, f.progress,
-                       OPTIONS[probe_kind](f, task, size[0]), Path(f.runs_dir) if f.runs_dir else paths.RUNS,
-                       record, note)
-
-
-def parse_args(argv: Optional[list[str]] = None) -> ProbeConfig:
-    """The command line (and its --config file) -> the run's ``ProbeConfig``."""
-    return make_config(parse_flags(argv))
 
 
 def run_name(ctx: ProbeContext) -> str:
@@ -165,7 +76,7 @@ def build_context(cfg: ProbeConfig) -> ProbeContext:
                               num_workers=d.num_workers, batch_size=d.batch_size, aug=d.aug,
                               train_split=d.train_split, val_split=d.val_split, max_samples=d.max_samples)
         dm.setup("fit")
-    return ProbeContext(cfg.task, info, dm, d.size, name, root, cfg.launch, options, cfg.progress,
+    return ProbeContext(cfg.task, info, dm, d.size, name, root, cfg.launch, options, cfg.probe_kind, cfg.progress,
                         kind=cfg.kind)
 
 
@@ -232,13 +143,9 @@ def run(cfg: ProbeConfig) -> Path:
 
 
 def main(argv: Optional[list[str]] = None) -> Optional[Path]:
-    flags = parse_flags(argv)
-    if flags.print_config:
-        get_task(flags.task.strip())  # an unknown task is an error here too
-        import yaml
-        print(yaml.safe_dump({k: v for k, v in vars(flags).items() if k != "print_config"}, sort_keys=False))
+    cfg = parse_args(argv)
+    if cfg is None:  # --print-config
         return None
-    cfg = make_config(flags)
     with lightning_console():  # Lightning's device banner once per run, whatever the number of Trainers
         return run(cfg)
 

@@ -48,21 +48,23 @@ def sweep(tmp_path_factory):
     from test_analysis_run import write_ckpt
 
     import backbones.load
-    import probes.run
+    import probes.core.flags
     import probes.core.task_table
+    import probes.run
     from probes.core.task_table import Kind
     tmp = tmp_path_factory.mktemp("probe_config")
     data, ckpt = _write_imagefolder(tmp / "data"), write_ckpt(tmp / "tiny.ckpt", "softmax")
     with pytest.MonkeyPatch.context() as mp:
-        counts = {name: _Counter(getattr(probes.run, name)) for name in ("get_task", "resolve_kind", "make_config")}
+        flags = probes.core.flags
+        counts = {name: _Counter(getattr(flags, name)) for name in ("get_task", "resolve_kind", "make_config")}
         for name, c in counts.items():
-            mp.setattr(probes.run, name, c)
+            mp.setattr(flags, name, c)
         mp.setattr(probes.core.task_table, "get_task", counts["get_task"])
         counts["checkpoint_path"] = _Counter(backbones.load.checkpoint_path)  # resolve_backbone's own call too
-        mp.setattr(probes.run, "checkpoint_path", counts["checkpoint_path"])
+        mp.setattr(flags, "checkpoint_path", counts["checkpoint_path"])
         mp.setattr(backbones.load, "checkpoint_path", counts["checkpoint_path"])
-        counts["knn_options"] = _Counter(probes.run.OPTIONS[Kind.KNN])
-        mp.setitem(probes.run.OPTIONS, Kind.KNN, counts["knn_options"])
+        counts["knn_options"] = _Counter(flags.OPTIONS[Kind.KNN])
+        mp.setitem(flags.OPTIONS, Kind.KNN, counts["knn_options"])
         lines: list[str] = []
         handler = logging.Handler()
         handler.emit = lambda record: lines.append(record.getMessage())

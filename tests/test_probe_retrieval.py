@@ -1,6 +1,6 @@
 """Dense retrieval (Hummingbird) probe: hand-worked labelling, memory sampling and matching; the probe end to end on
 the VOC fixture (every memory size, LAYER=all); 2 processes equal to 1. The side-by-side run against the reference
-code (open-hummingbird-eval) is in docs/probes.md: CI cannot fetch it."""
+code (open-hummingbird-eval) is in docs/probes/headfree.md: CI cannot fetch it."""
 from __future__ import annotations
 
 import itertools

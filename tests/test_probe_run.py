@@ -205,7 +205,7 @@ def test_clear_errors(runs, tmp_path, monkeypatch):
 
 
 def test_version_dirs_and_config_file(tmp_path):
-    from probes.run import parse_flags
+    from probes.core.flags import parse_flags
     from tokenmix.paths import claim_version_dir
     root = tmp_path / "knn"
     (root / "version_0").mkdir(parents=True)

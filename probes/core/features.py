@@ -158,15 +158,16 @@ def gather_rows(module, n: int) -> tuple[torch.Tensor, ...]:
                                module.all_gather).cpu() for field in zip(*local))
 
 
-def sharded_predict(launch: Launch, net: nn.Module, dataset, step: Callable, *, batch_size: int,
+def sharded_predict(launch: Launch, net: nn.Module, datasets: Sequence, step: Callable, *, batch_size: int,
                     collate_fn: Callable, num_workers: int = 0, progress: bool = False,
-                    end: Optional[Callable] = None, move_batch: bool = True) -> Any:
-    """The one sharded extraction of the probes, the analyses and DAVIS: ``trainer.predict`` (the probes' Trainer on
-    ``launch``, ``pass_trainer``) over ``dataset`` sharded over its processes (``ShardSampler``: every world-th item,
-    no padding), ``step(module, batch)`` per batch with the net as ``module.net`` (moved to the device by
-    Lightning), its outputs kept in ``module.local``. ``end(module)`` runs once on every process (collectives go
-    there) and its value is returned; by default ``gather_rows``: ``step`` returns a tuple of tensors and every
-    process gets each field in dataset order. ``move_batch=False``: batches reach ``step`` as collated."""
+                    end: Optional[Callable] = None, move_batch: bool = True) -> list:
+    """The one sharded extraction of the probes, the analyses and DAVIS: one ``trainer.predict`` (the probes'
+    Trainer on ``launch``, ``pass_trainer``) over each of ``datasets``, each sharded over the processes
+    (``ShardSampler``: every world-th item, no padding); ``step(module, batch)`` per batch with the net as
+    ``module.net`` (moved to the device by Lightning), its outputs kept in ``module.local``. Per dataset,
+    ``end(module)`` runs once on every process (collectives go there); by default ``gather_rows``: ``step``
+    returns a tuple of tensors and every process gets each field in dataset order. Returns one ``end`` value per
+    dataset. ``move_batch=False``: batches reach ``step`` as collated."""
     import lightning as L
 
     from probes.core.trainer import pass_trainer
@@ -174,26 +175,32 @@ def sharded_predict(launch: Launch, net: nn.Module, dataset, step: Callable, *, 
     class ShardedPass(L.LightningModule):
         def __init__(self):
             super().__init__()
-            self.net, self.local, self.result = net, [], None
+            self.net, self.local, self.results, self._locals, self._i = net, [], [], [], 0
 
         def predict_dataloader(self):
-            sampler = ShardSampler(dataset, self.global_rank, self.trainer.world_size, train=False)
-            return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn,
-                              num_workers=num_workers)
+            return [DataLoader(ds, batch_size=batch_size, collate_fn=collate_fn, num_workers=num_workers,
+                               sampler=ShardSampler(ds, self.global_rank, self.trainer.world_size, train=False))
+                    for ds in datasets]
 
         def transfer_batch_to_device(self, batch, device, dataloader_idx):
             return super().transfer_batch_to_device(batch, device, dataloader_idx) if move_batch else batch
 
         def step_one(self):
-            return step(self, self.transfer_batch_to_device(collate_fn([dataset[0]]), self.device, 0))
+            one = collate_fn([datasets[self._i][0]])
+            return step(self, self.transfer_batch_to_device(one, self.device, self._i))
 
-        def predict_step(self, batch, batch_idx: int):
-            self.local.append(step(self, batch))
-            return self.local[-1]  # return_predictions=False: Lightning keeps nothing
+        def on_predict_epoch_start(self):
+            self._locals = [[] for _ in datasets]
+
+        def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
+            self._locals[dataloader_idx].append(step(self, batch))
+            return self._locals[dataloader_idx][-1]  # return_predictions=False: Lightning keeps nothing
 
         def on_predict_epoch_end(self):
-            self.result = end(self) if end is not None else gather_rows(self, len(dataset))
+            for i, ds in enumerate(datasets):  # every process, in the same order: the collectives match
+                self._i, self.local = i, self._locals[i]
+                self.results.append(end(self) if end is not None else gather_rows(self, len(ds)))
 
     module = ShardedPass()
     pass_trainer(launch, progress).predict(module, return_predictions=False)
-    return module.result
+    return module.results

@@ -1,5 +1,6 @@
-"""``make probe``'s command line: the parser, the --config file's defaults under it, and each kind's typed options
-built from the flags (``kind_options``). Only ``probes/run.py`` reads the result.
+"""``make probe``'s command line: the parser, the --config file's defaults under it, each kind's typed options
+built from the flags (``OPTIONS``), and the run's one typed ``ProbeConfig`` (``make_config``), built here once;
+below this file nothing reads the command line. Only ``probes/run.py`` reads the result.
 
 A flag of one protocol defaults to None: its default is written once, in that protocol's options class, and
 ``kind_options`` passes only the flags given. A new option: a field there, its flag here, one keyword in its
@@ -8,13 +9,18 @@ builder (``OPTIONS``).
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from tokenmix.cli import eval_parent_parser
+from backbones.load import checkpoint_path
+from datamodules.demo import is_demo
+from tokenmix import paths
+from tokenmix.cli import BackboneFlags, Launch, eval_parent_parser, finish_eval_args
 
+from probes.core.kinds import KINDS, KindOptions
 from probes.core.options import Training
-from probes.core.task_table import TASKS, Kind, TaskSpec
+from probes.core.task_table import ALT_KINDS, TASKS, Kind, TaskSpec, get_task
 from probes.dense.options import BinNorm, DepthHead, DepthOptions, Head, SegOptions, Solver
 from probes.headfree.retrieval import DenseRetrievalProtocol, resolve_settings
 from probes.headfree.runners import OverclusterOptions, RetrievalOptions
@@ -81,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 def headless_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The head-free dense kinds' flags: dense retrieval (``--kind retrieval``), overclustering, DAVIS."""
     p.add_argument("--protocol", choices=[v.value for v in DenseRetrievalProtocol], default=DenseRetrievalProtocol.PROJECT.value, help="retrieval:"
-                   " 'hummingbird' = the reference's published setting (docs/probes.md); explicit flags win")
+                   " 'hummingbird' = the reference's published setting (docs/probes/headfree.md); explicit flags win")
     p.add_argument("--hb-memory", default=None, help="retrieval: memory sizes in patches (default 1024 x 10^2, "
                    "10^3, 10^4; each capped at every patch of every view, with a warning)")
     p.add_argument("--hb-k", type=int, default=None, help="retrieval: nearest neighbours per patch (default 30)")
@@ -212,3 +218,106 @@ def protocol_img_size(f: argparse.Namespace, kind: Kind) -> Optional[str]:
         return f.img_size
     size = resolve_settings(DenseRetrievalProtocol(f.protocol)).img_size
     return str(size) if size else None
+
+def probe_size(img_size: Optional[str], task: TaskSpec, demo: bool) -> tuple[int, int]:
+    """The probe input (H, W), the one rule: --img-size 'S' (square) or 'H,W', else the task's (demo data: its demo
+    size). The image-level tasks read its first value (retrieval: the longer side)."""
+    if not img_size:
+        return tuple(task.demo_img_size if demo else task.img_size)
+    try:
+        size = tuple(int(v) for v in str(img_size).split(","))
+    except ValueError:
+        size = ()
+    if len(size) not in (1, 2) or min(size) < 1:
+        raise ValueError(f"--img-size {img_size!r}: 'S' or 'H,W', positive numbers of pixels")
+    return size * 2 if len(size) == 1 else size
+
+
+# --------------------------------------------------------------------------- the run's one typed config
+
+def resolve_kind(task: TaskSpec, kind: str) -> Optional[Kind]:
+    """--kind: '' or the task's own kind -> None; a head-free kind the task's data feeds (tasks.ALT_KINDS)."""
+    kind = (kind or "").strip()
+    if not kind or kind == task.kind.value:
+        return None
+    alts = ALT_KINDS.get(task.kind, ())
+    if kind not in [k.value for k in alts]:
+        ok = ", ".join(k.value for k in alts) or "none besides its own"
+        raise ValueError(f"--kind {kind!r} does not apply to task {task.name!r} ({task.kind.value}); kinds it takes: "
+                         f"{ok}. Retrieval and overclustering run on the segmentation tasks (voc, ade20k, "
+                         "cityscapes, seg)")
+    return Kind(kind)
+
+
+@dataclass(frozen=True)
+class ProbeData:
+    """The task's data: which dataset, the probe input, the loaders."""
+    data: str        # --data ('demo', a dataset name, your own layout)
+    data_root: str
+    size: tuple[int, int]  # probe input (H, W): --img-size, else the task's (demo: its demo size)
+    batch_size: Optional[int]  # per device: --batch-size, else the kind's (None: the kind has no DataModule)
+    num_workers: int
+    aug: bool              # not --no-aug (the linear probe's training view)
+    train_split: str
+    val_split: Optional[str]  # None: the task's (val; depth: test)
+    max_samples: Optional[int]
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Everything one ``make probe`` reads, typed and resolved once from the flags (``make_config``)."""
+    task: TaskSpec
+    kind: Optional[Kind]          # --kind: None = the task's own, else a head-free kind (tasks.ALT_KINDS)
+    backbone: BackboneFlags
+    checkpoint: Optional[Path]    # the file --ckpt names (None: random / pixels), found once before the data
+    seed: int
+    patch_size: int               # of --ckpt pixels
+    data: ProbeData
+    layer: str                    # --layer
+    launch: Launch
+    progress: bool
+    options: KindOptions          # the running kind's own (its class beside its protocol)
+    runs_dir: Path
+    record: dict[str, Any]        # the resolved flags, as results.json's config records them
+    probe_kind: Kind              # the kind that runs: --kind, else the task's
+    note: Optional[str] = None    # the first line of the output: DATA chosen for the user (DATA_ROOT alone)
+
+
+def make_config(f: argparse.Namespace) -> ProbeConfig:
+    """The run's config from the parsed flags: the task and kind looked up, --quick applied, the input size and the
+    kind's options built, the shared eval flags checked (``tokenmix.cli.finish_eval_args``), and the checkpoint
+    file found (a wrong CKPT fails before the data is opened or generated)."""
+    task = get_task(f.task.strip())
+    kind = resolve_kind(task, f.kind)
+    probe_kind = kind or task.kind
+    if f.solver == Solver.RIDGE.value and probe_kind != Kind.SEG:
+        raise ValueError(f"--solver ridge is for segmentation tasks, not {probe_kind.value}")
+    note = None
+    if not (f.data or "").strip() and f.data_root:  # DATA_ROOT alone names the task's own dataset
+        f = argparse.Namespace(**{**vars(f), "data": task.dataset})
+        note = f"[probe] DATA={task.dataset}: task {task.name}'s own dataset (DATA_ROOT given, DATA not)"
+    demo = is_demo(f.data or "demo")
+    max_epochs, max_samples = (f.max_epochs or 2, f.max_samples or 16) if f.quick else (f.max_epochs, f.max_samples)
+    f = argparse.Namespace(**{**vars(f), "max_epochs": max_epochs, "max_samples": max_samples})
+    size = probe_size(protocol_img_size(f, probe_kind), task, demo)
+    options = OPTIONS[probe_kind](f, task, size[0])
+    ev = finish_eval_args(f, demo=demo, accelerator=f.accelerator)
+    record = {**vars(f), "variant": ev.backbone.variant, "ckpt": ev.backbone.ckpt, "data": ev.data,
+              "arch": ev.backbone.arch, "num_nodes": ev.launch.num_nodes}
+    data = ProbeData(ev.data, ev.data_root, size, f.batch_size or KINDS[probe_kind].batch_size, f.num_workers,
+                     not f.no_aug, f.train_split, f.val_split, max_samples)
+    return ProbeConfig(task, kind, ev.backbone, checkpoint_path(ev.backbone.ckpt, ev.backbone.variant), f.seed,
+                       f.patch_size or (8 if demo else 16), data, f.layer, ev.launch, f.progress, options,
+                       Path(f.runs_dir) if f.runs_dir else paths.RUNS, record, probe_kind, note)
+
+
+def parse_args(argv: Optional[list[str]] = None) -> Optional[ProbeConfig]:
+    """The command line (and its --config file) -> the run's ``ProbeConfig``; --print-config prints the resolved
+    flags as YAML and gives None."""
+    f = parse_flags(argv)
+    if not f.print_config:
+        return make_config(f)
+    get_task(f.task.strip())  # an unknown task is an error here too
+    import yaml
+    print(yaml.safe_dump({k: v for k, v in vars(f).items() if k != "print_config"}, sort_keys=False))
+    return None

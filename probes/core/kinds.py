@@ -58,13 +58,10 @@ class ProbeContext:
     root: Path
     launch: Launch
     options: KindOptions  # the options of ``probe_kind`` (``KINDS[probe_kind].options``)
+    probe_kind: Kind      # the kind that runs: --kind, else the task's
     progress: bool = False  # --progress: Lightning's progress bar
     log_dir: Optional[Path] = None
-    kind: Optional[Kind] = None  # --kind: the task's own kind (None) or a head-free one (tasks.ALT_KINDS)
-
-    @property
-    def probe_kind(self) -> Kind:
-        return self.kind or self.task.kind
+    kind: Optional[Kind] = None  # --kind: the task's own kind (None) or a head-free one (task_table.ALT_KINDS)
 
     @property
     def patch_size(self) -> int:

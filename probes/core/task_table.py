@@ -50,19 +50,6 @@ class TaskSpec:
     demo_img_size: tuple = (56, 56)  # demo data: native size (classification: 64 * 224/256, DINO's centre crop)
     val_split: str = "val"         # the split evaluated (depth datasets: "test")
 
-    def input_size(self, img_size: Optional[str], demo: bool) -> tuple[int, int]:
-        """The probe input (H, W), the one rule: --img-size 'S' (square) or 'H,W', else the task's (demo data:
-        its demo size). The image-level tasks read its first value (retrieval: the longer side)."""
-        if not img_size:
-            return tuple(self.demo_img_size if demo else self.img_size)
-        try:
-            size = tuple(int(v) for v in str(img_size).split(","))
-        except ValueError:
-            size = ()
-        if len(size) not in (1, 2) or min(size) < 1:
-            raise ValueError(f"--img-size {img_size!r}: 'S' or 'H,W', positive numbers of pixels")
-        return size * 2 if len(size) == 1 else size
-
 
 TASKS: dict[str, TaskSpec] = {t.name: t for t in [
     TaskSpec("imagenet", Kind.LINEAR, "imagenet", "demo_cls", num_classes=1000),

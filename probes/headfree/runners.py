@@ -50,8 +50,9 @@ class OverclusterOptions:
 
 def _predict_pass(ctx, features: FrozenFeatures, dataset, step: Callable, end: Optional[Callable] = None):
     """``sharded_predict`` with the validation loader's settings (``ctx``: ``probes.core.kinds.ProbeContext``)."""
-    return sharded_predict(ctx.launch, features, dataset, step, batch_size=ctx.dm.val_batch_size,
-                           collate_fn=dense_collate, num_workers=ctx.dm.num_workers, progress=ctx.progress, end=end)
+    return sharded_predict(ctx.launch, features, [dataset], step, batch_size=ctx.dm.val_batch_size,
+                           collate_fn=dense_collate, num_workers=ctx.dm.num_workers, progress=ctx.progress,
+                           end=end)[0]
 
 
 def _val_view(ctx) -> SplitView:

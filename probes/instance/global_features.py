@@ -63,5 +63,5 @@ def extract_descriptors(backbone: nn.Module, dataset: Dataset, describe: Describ
     def step(m, batch):
         return (describe(m.net.eval(), batch["image"]).float(),)
 
-    return sharded_predict(how.launch, backbone, dataset, step, batch_size=batch_size, collate_fn=stack_images,
-                           num_workers=how.num_workers, progress=how.progress)[0]
+    return sharded_predict(how.launch, backbone, [dataset], step, batch_size=batch_size, collate_fn=stack_images,
+                           num_workers=how.num_workers, progress=how.progress)[0][0]

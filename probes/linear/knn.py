@@ -27,9 +27,9 @@ def embed_splits(ctx, features: FrozenFeatures) -> list[tuple[torch.Tensor, torc
     def step(m, batch):
         return m.net(batch["image"]).float(), torch.as_tensor(batch["label"]).to(m.device)
 
-    return [sharded_predict(ctx.launch, features, ds, step, batch_size=ctx.dm.val_batch_size,
-                            collate_fn=dense_collate, num_workers=ctx.dm.num_workers, progress=ctx.progress)
-            for ds in (ctx.dm.train_set, ctx.dm.val_set)]
+    return sharded_predict(ctx.launch, features, [ctx.dm.train_set, ctx.dm.val_set], step,
+                           batch_size=ctx.dm.val_batch_size, collate_fn=dense_collate,
+                           num_workers=ctx.dm.num_workers, progress=ctx.progress)
 
 
 def run_knn(ctx, opts: KnnOptions, spec: FeatureSpec, logger) -> dict[str, Any]:

@@ -155,8 +155,8 @@ def davis_pass(launch, backbone, dataset, settings: DavisOptions, mask_dir: Opti
         return run_sequence(m.net.eval(), dataset, int(index), settings, m.device, mask_dir)
 
     t0 = time.perf_counter()
-    results = sharded_predict(launch, backbone, list(range(len(dataset))), step, batch_size=1,
-                              collate_fn=lambda b: b[0], progress=progress, end=gather_objects)
+    results = sharded_predict(launch, backbone, [list(range(len(dataset)))], step, batch_size=1,
+                              collate_fn=lambda b: b[0], progress=progress, end=gather_objects)[0]
     return results, time.perf_counter() - t0
 
 
