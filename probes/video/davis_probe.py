@@ -147,22 +147,10 @@ def log_strips(logger, results: list[SequenceResult], metrics: dict) -> None:
     exp.flush()
 
 
-def davis_pass(launch, backbone, dataset, settings: DavisOptions, mask_dir: Optional[Path],
-               progress: bool = False) -> tuple[list[SequenceResult], float]:
-    """Every sequence once, sharded over the processes of ``launch``, gathered on every process: (results,
-    seconds); sequence order is restored by ``metrics_of``."""
-    def step(m, index):
-        return run_sequence(m.net.eval(), dataset, int(index), settings, m.device, mask_dir)
-
-    t0 = time.perf_counter()
-    results = sharded_predict(launch, backbone, [list(range(len(dataset)))], step, batch_size=1,
-                              collate_fn=lambda b: b[0], progress=progress, end=gather_objects)[0]
-    return results, time.perf_counter() - t0
-
-
 def run_davis(backbone, root: Path, settings: DavisOptions, launch, log_dir: Optional[Path], logger=None,
               progress: bool = False) -> dict[str, Any]:
-    """The whole task: every sequence of ``settings.split`` (the first ``max_sequences``), PNGs under
+    """The whole task: every sequence of ``settings.split`` (the first ``max_sequences``) once, sharded over the
+    processes of ``launch`` and gathered on every process (sequence order restored by ``metrics_of``), PNGs under
     ``log_dir/masks``, the global table (rank 0; other processes return {}), TensorBoard scalars and strips."""
     from datamodules import build_dataset
     from tokenmix.launch import global_rank
@@ -170,10 +158,16 @@ def run_davis(backbone, root: Path, settings: DavisOptions, launch, log_dir: Opt
     if settings.max_sequences:
         dataset.samples = dataset.samples[:settings.max_sequences]
     mask_dir = None if log_dir is None else Path(log_dir) / "masks"
-    results, seconds = davis_pass(launch, backbone, dataset, settings, mask_dir, progress)
+
+    def step(m, index):
+        return run_sequence(m.net.eval(), dataset, int(index), settings, m.device, mask_dir)
+
+    t0 = time.perf_counter()
+    results = sharded_predict(launch, backbone, [list(range(len(dataset)))], step, batch_size=1,
+                              collate_fn=lambda b: b[0], progress=progress, end=gather_objects)[0]
     if global_rank() != 0:
         return {}
-    metrics = metrics_of(results, settings, seconds)
+    metrics = metrics_of(results, settings, time.perf_counter() - t0)
     metrics["split"], metrics["masks"] = settings.split, None if mask_dir is None else str(mask_dir)
     log_strips(logger, results, metrics)
     return metrics
