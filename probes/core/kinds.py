@@ -126,37 +126,49 @@ class ProbeKind:
     build: Optional[Callable] = None      # (ctx, FrozenFeatures, common kwargs) -> LightningModule
     runner: Optional[Callable] = None     # (ctx, its options, FeatureSpec, logger) -> metrics, no head to train
     profile: Optional[Callable[[dict], dict]] = None  # one result -> {series: value}, plotted over blocks (LAYER=all)
+    scalars: Optional[Callable[[dict], dict]] = None  # one result -> TensorBoard {tag: value} (trained heads: their own)
 
     def run(self, ctx: ProbeContext, spec: FeatureSpec, logger, key: str = "default") -> dict[str, Any]:
         if not isinstance(ctx.options, self.options):
             raise TypeError(f"the {self.kind.value} probe reads {self.options.__name__}, not "
                             f"{type(ctx.options).__name__}")
         if self.runner is not None:
-            return self.runner(ctx, ctx.options, spec, logger)
-        if isinstance(ctx.options, SegOptions) and ctx.options.solver == Solver.RIDGE:
-            return run_ridge_kind(ctx, spec, logger)
-        return train_head(ctx, spec, logger, kind=self, key=key)
+            metrics = self.runner(ctx, ctx.options, spec, logger)
+        elif isinstance(ctx.options, SegOptions) and ctx.options.solver == Solver.RIDGE:
+            metrics = run_ridge_kind(ctx, spec)
+        else:
+            return train_head(ctx, spec, logger, kind=self, key=key)
+        if logger is not None and metrics and self.scalars is not None and global_rank() == 0:
+            for tag, value in self.scalars(metrics).items():
+                logger.experiment.add_scalar(tag, value, 0)
+            logger.experiment.flush()
+        return metrics
 
 
 KINDS: dict[Kind, ProbeKind] = {k.kind: k for k in [
-    ProbeKind(Kind.KNN, KnnOptions, cls_spec, knn_line, batch_size=64, runner=run_knn),  # DINO eval_knn
+    ProbeKind(Kind.KNN, KnnOptions, cls_spec, knn_line, batch_size=64, runner=run_knn,  # DINO eval_knn
+              scalars=lambda m: {f"knn/top1_k{k}": v for k, v in m["top1"].items()}),
     ProbeKind(Kind.LINEAR, LinearOptions, partial(cls_spec, n_last=4), lambda m: f"best top-1 {m['best_top1']:.2f}",
               epochs=100, batch_size=256, build=build_linear),  # DINO eval_linear: [CLS] of the last 4 blocks
     ProbeKind(Kind.SEG, SegOptions, dense_spec, lambda m: f"mIoU {m['mIoU']:.2f}, aAcc {m['aAcc']:.2f}",
-              epochs=40, batch_size=16, build=build_seg),
+              epochs=40, batch_size=16, build=build_seg, scalars=lambda m: {"val/mIoU": m["mIoU"]}),  # --solver ridge
     ProbeKind(Kind.DEPTH, DepthOptions, partial(dense_spec, cls_default=True),  # DINOv2 depth: patch tokens + [CLS]
               lambda m: f"RMSE {m['rmse']:.4f}, AbsRel {m['abs_rel']:.4f}, d1 {m['d1']:.4f}",
               epochs=40, batch_size=16, build=build_depth),
     ProbeKind(Kind.RETRIEVAL, RetrievalOptions, patch_spec, _retrieval_line, batch_size=16,
-              runner=run_retrieval, profile=_miou_series),  # Hummingbird: mIoU per memory size
+              runner=run_retrieval, profile=_miou_series,  # Hummingbird: mIoU per memory size
+              scalars=lambda m: {f"retrieval/mIoU_mem{k}": v for k, v in _miou_series(m).items()}),
     ProbeKind(Kind.OVERCLUSTER, OverclusterOptions, patch_spec, _cluster_line, batch_size=16,
-              runner=run_overcluster, profile=_miou_series),  # Leopart-style overclustering: mIoU per K
+              runner=run_overcluster, profile=_miou_series,  # Leopart-style overclustering: mIoU per K
+              scalars=lambda m: {f"overcluster/mIoU_K{k}": v for k, v in _miou_series(m).items()}),
     ProbeKind(Kind.DAVIS, DavisOptions, patch_spec, lambda m: f"J&F {m['J&F-Mean']:.2f} (J {m['J-Mean']:.2f}, "
               f"F {m['F-Mean']:.2f})", runner=run_davis_kind),  # DINO's video segmentation
     ProbeKind(Kind.IMAGE_RETRIEVAL, ir.ImageRetrievalOptions, cls_spec, ir.summary_line,
-              runner=ir.run_image_retrieval_kind, profile=ir.profile),  # DINO eval_image_retrieval + revisitop mAP
+              runner=ir.run_image_retrieval_kind, profile=ir.profile,  # DINO eval_image_retrieval + revisitop mAP
+              scalars=lambda m: {f"image_retrieval/mAP_{p}": v for p, v in m["mAP"].items()}),
     ProbeKind(Kind.COPY_DETECTION, cd.CopyDetectionOptions, cd.copy_spec, cd.summary_line,
-              runner=cd.run_copy_detection_kind, profile=cd.profile),  # DINO eval_copy_detection
+              runner=cd.run_copy_detection_kind, profile=cd.profile,  # DINO eval_copy_detection
+              scalars=lambda m: {f"copy_detection/mAP_{b.replace('/', '_')}": v for b, v in m["mAP"].items()}),
 ]}
 
 

@@ -118,7 +118,7 @@ def run_ridge_probe(train_pairs: Iterable, val_pairs: Iterable, num_classes: int
     return {**probe.metrics(reduce), "solver": "ridge", "ridge_lambda": lam, "seconds": time.perf_counter() - t0}
 
 
-def run_ridge_kind(ctx, spec, logger) -> dict[str, Any]:
+def run_ridge_kind(ctx, spec) -> dict[str, Any]:
     """--solver ridge (segmentation, ``probes.core.kinds``): the closed-form probe that the pretraining's
     DenseProbeCheck runs, in one process (fast: one pass over each split), on the GPU when there is one."""
     from torch.utils.data import DataLoader
@@ -134,8 +134,4 @@ def run_ridge_kind(ctx, spec, logger) -> dict[str, Any]:
     dev = torch.device("cuda" if on_gpu(ctx.launch.accelerator) else "cpu")
     features = FrozenFeatures(ctx.info.model, spec).to(dev)
     train, val = (((features(b["image"].to(dev)), b["mask"]) for b in loader) for loader in loaders)
-    m = run_ridge_probe(train, val, ctx.dm.num_classes, ctx.options.ridge_lambda, features.out_dim)
-    if logger is not None:
-        logger.experiment.add_scalar("val/mIoU", m["mIoU"], 0)
-        logger.experiment.flush()
-    return m
+    return run_ridge_probe(train, val, ctx.dm.num_classes, ctx.options.ridge_lambda, features.out_dim)

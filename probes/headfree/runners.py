@@ -115,10 +115,6 @@ def run_retrieval(ctx, a: RetrievalOptions, spec: FeatureSpec, logger) -> dict[s
         res = matched_miou(cm, hungarian(cm))
         out[str(size)] = {"mIoU": 100 * res["mIoU"], "memory": int(mf.shape[0]), "per_image": n_per[size],
                           "requested": size, "capped": plans[size].capped, "IoU": [100 * v for v in res["IoU"]]}
-    if logger is not None and global_rank() == 0:
-        for size, r in out.items():
-            logger.experiment.add_scalar(f"retrieval/mIoU_mem{size}", r["mIoU"], 0)
-        logger.experiment.flush()
     return {"mIoU": out, "k": a.k, "temperature": a.temperature, "aug_epochs": E, "num_train": n_img,
             "num_val": len(val), "protocol": a.protocol.value, "train_set": ctx.dataset, "train_note": a.train_note,
             "img_size": list(ctx.dm.img_size), "std": list(hb.REFERENCE_STD if a.std_typo else IMAGENET_STD),
@@ -144,8 +140,4 @@ def run_overcluster(ctx, a: OverclusterOptions, spec: FeatureSpec, logger) -> di
     out = {str(k): {"mIoU": 100 * r["mIoU"], "std": 100 * r["std"], "seeds": [100 * v for v in r["seeds"]],
                     "matching": r["matching"], "pca_dim": r["pca_dim"], "IoU": [100 * v for v in r["IoU"]]}
            for k, r in res.items()}
-    if logger is not None:
-        for k, r in out.items():
-            logger.experiment.add_scalar(f"overcluster/mIoU_K{k}", r["mIoU"], 0)
-        logger.experiment.flush()
     return {"mIoU": out, "seeds": a.seeds, "num_val": len(val), "seconds": time.perf_counter() - t0}

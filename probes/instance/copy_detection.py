@@ -159,12 +159,7 @@ def run_copy_detection_kind(ctx, cfg: CopyDetectionOptions, spec, logger) -> dic
     (``CopyDetectionOptions``); ``spec.blocks``: ``LAYER=k``."""
     blocks, distractors, whitening = open_copydays(Path(ctx.root), cfg)
     how = Extraction(launch=ctx.launch, progress=ctx.progress)
-    out = run_copy_detection(ctx.info.model, blocks, cfg, how, distractors, whitening, spec.blocks)
-    if logger is not None:
-        for name, v in out["mAP"].items():
-            logger.experiment.add_scalar(f"copy_detection/mAP_{name.replace('/', '_')}", v, 0)
-        logger.experiment.flush()
-    return out
+    return run_copy_detection(ctx.info.model, blocks, cfg, how, distractors, whitening, spec.blocks)
 
 
 def copy_spec(options: CopyDetectionOptions, depth: int, blocks) -> FeatureSpec:

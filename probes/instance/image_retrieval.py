@@ -171,12 +171,7 @@ def run_image_retrieval_kind(ctx, cfg: ImageRetrievalOptions, spec, logger) -> d
     database = build_dataset(ctx.dataset, Path(ctx.root), "database", imsize=cfg.imsize)
     queries = build_dataset(ctx.dataset, Path(ctx.root), "query", imsize=cfg.imsize, crop_queries=cfg.crop_queries)
     how = Extraction(launch=ctx.launch, progress=ctx.progress)
-    out = run_image_retrieval(ctx.info.model, database, queries, cfg, how, spec.blocks)
-    if logger is not None:
-        for p, v in out["mAP"].items():
-            logger.experiment.add_scalar(f"image_retrieval/mAP_{p}", v, 0)
-        logger.experiment.flush()
-    return out
+    return run_image_retrieval(ctx.info.model, database, queries, cfg, how, spec.blocks)
 
 
 def summary_line(m: dict) -> str:

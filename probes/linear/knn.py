@@ -41,10 +41,6 @@ def run_knn(ctx, opts: KnnOptions, spec: FeatureSpec, logger) -> dict[str, Any]:
     if on_gpu(ctx.launch.accelerator):  # similarity matrix on the GPU (DINO keeps the features there)
         ftr, fva = ftr.cuda(), fva.cuda()
     res = knn_top1_topk(ftr, ytr, fva, yva, ctx.dm.num_classes, ks=list(opts.ks), T=opts.temperature)
-    if logger is not None:
-        for k, v in res.items():
-            logger.experiment.add_scalar(f"knn/top1_k{k}", v["top1"], 0)
-        logger.experiment.flush()
     return {"top1": {k: v["top1"] for k, v in res.items()}, "top5": {k: v["top5"] for k, v in res.items()},
             "num_train": len(ytr), "num_val": len(yva), "seconds": time.perf_counter() - t0}
 
