@@ -3,11 +3,11 @@ GPU), emulated on the CPU: ``inference_autocast`` made ``torch.autocast("cpu", d
 backbone forward (only there, as on CUDA); the same fixtures, the same random ViT-S/16, every mAP in both
 precisions and their difference.
 
-    PYTHONPATH=. python -m bench.precision_deviation     # ~1 min on 2 CPU cores
+    PYTHONPATH=. OMP_NUM_THREADS=1 python -m bench.precision_deviation
 
-Fixtures: the tests' generators (tests/helpers/retrieval_fixtures.py) at a larger size: Copydays 40 originals,
-60 strong copies, 100 distractors, 60 whitening images at 96 px; roxford5k 80 database images, 10 queries (x3
-scale, 224 px). The backbone: ``vit_small_patch16``, random init (seed 0), its final norm drawn unevenly (so that
+Fixtures: the tests' generators (tests/helpers/retrieval_fixtures.py) at a larger size: Copydays 20 originals,
+30 strong copies, 50 distractors, 40 whitening images at 96 px; roxford5k 40 database images, 8 queries (x2
+scale, at most 224 px, multi-scale). The backbone: ``vit_small_patch16``, random init (seed 0), its final norm drawn unevenly (so that
 descriptor norms differ), as the tests' ``vit_pair``.
 """
 from __future__ import annotations
@@ -67,8 +67,8 @@ def run(quick: bool = False) -> dict:
     model, rows = _model(), []
     with tempfile.TemporaryDirectory() as tmp:
         cd, ro = Path(tmp) / "copydays", Path(tmp)
-        write_copydays(cd, n_orig=10 if quick else 40, n_distractors=100, n_whitening=60, seed=0)
-        write_revisitop(ro, "roxford5k", n_db=20 if quick else 80, n_q=4 if quick else 10, seed=0, scale=3)
+        write_copydays(cd, n_orig=10 if quick else 20, n_distractors=50, n_whitening=40, seed=0)
+        write_revisitop(ro, "roxford5k", n_db=20 if quick else 40, n_q=4 if quick else 8, seed=0, scale=2)
         for name, fn in (("copydays", _copydays), ("roxford5k multiscale", _revisitop)):
             fp32, bf16 = fn(cd if name == "copydays" else ro, model, False), fn(cd if name == "copydays" else ro,
                                                                                   model, True)
