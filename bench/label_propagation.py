@@ -1,7 +1,7 @@
 """DAVIS label propagation: the transcribed official loop (``official/dino_video_segmentation.py``: the (hw)²
 neighbourhood mask from four nested Python loops once per video, the dense (context·hw)² affinity per frame)
-against ``probes/video/propagation.py`` (an index table per grid, only the neighbourhood's candidates), on the same features of
-one fixture-like sequence at DAVIS's grid, backbone excluded (both would run the same one).
+against ``probes/video/propagation.py`` (an index table per grid, only the neighbourhood's candidates), on the same
+features of one fixture-like sequence at DAVIS's grid, backbone excluded (both would run the same one).
 
 ``run(quick=False) -> {"rows": [...], "speedup_val": official / ours, "identical_masks": ...}``. Full: 6 frames at a
 30 x 52 grid (DAVIS 480p, 480 x 832 input at patch 16), D = 384 (ViT-S), 3 objects; quick: a 12 x 20 grid.

@@ -7,8 +7,8 @@ precisions and their difference.
 
 Fixtures: the tests' generators (tests/helpers/retrieval_fixtures.py) at a larger size: Copydays 20 originals,
 30 strong copies, 50 distractors, 40 whitening images at 96 px; roxford5k 40 database images, 8 queries (x2
-scale, at most 224 px, multi-scale). The backbone: ``vit_small_patch16``, random init (seed 0), its final norm drawn unevenly (so that
-descriptor norms differ), as the tests' ``vit_pair``.
+scale, at most 224 px, multi-scale). The backbone: ``vit_small_patch16``, random init (seed 0), its final norm
+drawn unevenly (so that descriptor norms differ), as the tests' ``vit_pair``.
 """
 from __future__ import annotations
 

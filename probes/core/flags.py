@@ -86,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def headless_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The head-free dense kinds' flags: dense retrieval (``--kind retrieval``), overclustering, DAVIS."""
-    p.add_argument("--protocol", choices=[v.value for v in DenseRetrievalProtocol], default=DenseRetrievalProtocol.PROJECT.value, help="retrieval:"
-                   " 'hummingbird' = the reference's published setting (docs/probes/headfree.md); explicit flags win")
+    p.add_argument("--protocol", choices=[v.value for v in DenseRetrievalProtocol],
+                   default=DenseRetrievalProtocol.PROJECT.value, help="retrieval: 'hummingbird' = the reference's "
+                   "published setting (docs/probes/headfree.md); explicit flags win")
     p.add_argument("--hb-memory", default=None, help="retrieval: memory sizes in patches (default 1024 x 10^2, "
                    "10^3, 10^4; each capped at every patch of every view, with a warning)")
     p.add_argument("--hb-k", type=int, default=None, help="retrieval: nearest neighbours per patch (default 30)")

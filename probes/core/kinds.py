@@ -126,7 +126,7 @@ class ProbeKind:
     build: Optional[Callable] = None      # (ctx, FrozenFeatures, common kwargs) -> LightningModule
     runner: Optional[Callable] = None     # (ctx, its options, FeatureSpec, logger) -> metrics, no head to train
     profile: Optional[Callable[[dict], dict]] = None  # one result -> {series: value}, plotted over blocks (LAYER=all)
-    scalars: Optional[Callable[[dict], dict]] = None  # one result -> TensorBoard {tag: value} (trained heads: their own)
+    scalars: Optional[Callable[[dict], dict]] = None  # one result -> TensorBoard {tag: value} (trained: their own)
 
     def run(self, ctx: ProbeContext, spec: FeatureSpec, logger, key: str = "default") -> dict[str, Any]:
         if not isinstance(ctx.options, self.options):

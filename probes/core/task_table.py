@@ -1,5 +1,5 @@
-"""The probe task table: which dataset, which kind of probe (``Kind``; how each kind runs: ``probes.core.kinds.KINDS``) and
-the per-dataset evaluation settings."""
+"""The probe task table: which dataset, which kind of probe (``Kind``; how each kind runs:
+``probes.core.kinds.KINDS``) and the per-dataset evaluation settings."""
 from __future__ import annotations
 
 from dataclasses import dataclass

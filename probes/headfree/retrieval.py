@@ -11,7 +11,8 @@ paper and that code's behaviour, not copied.
 - A validation patch gets the labels of its k = 30 nearest memory patches (cosine similarity, exact search)
   averaged with the attention weights softmax(cos / 0.02); the label map is upsampled bilinearly to the mask, its
   argmax scored by ``probes.headfree.matching`` (Hungarian matching, as the reference's ``PredsmIoU``).
-- ``DenseRetrievalProtocol``: the project's default, or ``HUMMINGBIRD``, the reference's published setting (``settings_for``).
+- ``DenseRetrievalProtocol``: the project's default, or ``HUMMINGBIRD``, the reference's published setting
+  (``resolve_settings``).
 
 Every random draw of an image comes from its own generator (seed, augmentation epoch, image index), so the memory
 is the same however the images are sharded over processes.

@@ -123,8 +123,8 @@ def run_retrieval(ctx, a: RetrievalOptions, spec: FeatureSpec, logger) -> dict[s
 
 
 def run_overcluster(ctx, a: OverclusterOptions, spec: FeatureSpec, logger) -> dict[str, Any]:
-    """Leopart / NeCo overclustering of the validation patch features (``probes.headfree.overcluster``), K from --cluster-k:
-    mIoU mean and std over --cluster-seeds k-means runs."""
+    """Leopart / NeCo overclustering of the validation patch features (``probes.headfree.overcluster``), K from
+    --cluster-k: mIoU mean and std over --cluster-seeds k-means runs."""
     from probes.headfree.overcluster import ClusterSettings, overcluster, resolve_ks
     C, t0 = ctx.dm.num_classes, time.perf_counter()
     ks = resolve_ks(a.ks, C)

@@ -120,7 +120,8 @@ def run_copy_detection(backbone: nn.Module, blocks: dict[str, Any], cfg: CopyDet
     t0 = time.perf_counter()
 
     def feats(ds):
-        return extract_descriptors(backbone, ds, lambda bb, x: copy_descriptor(bb, x, layer, cfg.bf16), cfg.batch_size, how)
+        return extract_descriptors(backbone, ds, lambda bb, x: copy_descriptor(bb, x, layer, cfg.bf16),
+                                   cfg.batch_size, how)
 
     queries = {name: feats(ds) for name, ds in blocks.items()}
     database = queries["original"]

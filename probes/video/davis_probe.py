@@ -2,11 +2,12 @@
 
 Per sequence: every frame resized by DINO's rule (480 px short side, the long side floored to a multiple of 64;
 the position table interpolated by the backbone), the patch tokens of the last block (``LAYER=k``: block k) in
-fp32, the first annotation propagated (``probes/video/propagation.py``), the masks written as indexed PNGs in DINO's palette
-under ``<run>/masks/<sequence>/<frame>.png`` (frame 0: the annotation, as DINO writes it; score them with
-davis2017-evaluation's ``evaluation_method.py --task semi-supervised --results_path <run>/masks``) and scored
-(``probes/video/davis_metrics.py``). Sequences are sharded over the processes (every world-th, ``shard_indices``) and the
-per-object scores gathered, then averaged in sequence order: any process count gives the same figures.
+fp32, the first annotation propagated (``probes/video/propagation.py``), the masks written as indexed PNGs in
+DINO's palette under ``<run>/masks/<sequence>/<frame>.png`` (frame 0: the annotation, as DINO writes it; score them
+with davis2017-evaluation's ``evaluation_method.py --task semi-supervised --results_path <run>/masks``) and scored
+(``probes/video/davis_metrics.py``). Sequences are sharded over the processes (every world-th, the one sharded
+extraction) and the per-object scores gathered, then averaged in sequence order: any process count gives the same
+figures.
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from probes.video.propagation import (PropagationOptions, first_labels, input_size, label_maps, mask_palette, prepare_frame,
-                    propagate_video, write_indexed_png)
+from probes.video.propagation import (PropagationOptions, first_labels, input_size, label_maps, mask_palette,
+                                      prepare_frame, propagate_video, write_indexed_png)
 from probes.video.davis_metrics import MEASURES, ObjectScore, sequence_scores, summarize
 from probes.core.features import gather_objects, sharded_predict
 
