@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--knn-t", type=float, default=None, help="k-NN temperature (default: DINO's 0.07)")
     p.add_argument("--bf16", action="store_true", help="DINO's protocols (k-NN, linear, roxford5k / rparis6k, "
                    "copydays) in bf16 autocast on CUDA instead of DINO's fp32 (docs/probes/core.md: the deviation)")
-    headless_flags(p)
+    headfree_flags(p)
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--accelerator", default="auto")
     p.add_argument("--seed", type=int, default=0)
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     return image_level_flags(p)
 
 
-def headless_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def headfree_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The head-free dense kinds' flags: dense retrieval (``--kind retrieval``), overclustering, DAVIS."""
     p.add_argument("--protocol", choices=[v.value for v in DenseRetrievalProtocol],
                    default=DenseRetrievalProtocol.PROJECT.value, help="retrieval: 'hummingbird' = the reference's "
