@@ -4,15 +4,15 @@ images).
 
 One evaluation of a backbone (with the diffusion dial set by the caller) is three passes of the frozen model:
 
-- the segmentation task's training images (the probe protocol's views, ``probes.data``): the ridge probe's sums
-  (``probes.ridge``) and the dense-retrieval memory (``probes.retrieval``, the Hummingbird core on plain views, as
+- the segmentation task's training images (the probe protocol's views, ``probes.core.data``): the ridge probe's sums
+  (``probes.dense.ridge``) and the dense-retrieval memory (``probes.headfree.retrieval``, the Hummingbird core on plain views, as
   ``DenseProbeCheck``) for every probe seed;
 - its validation images, one forward each: per image the ridge and retrieval confusion matrices, cos(patch, [CLS])
   (``tokenmix.diffusion``), its Gram matrix (effective rank), Point-in-Box of the [CLS] token and the spread (std
   over the patches) of its Patch Score map (``analysis.patch_score``: boxes = each class's extent in the mask, as
   ``DenseProbeCheck``), and for the
   first ``attn_images`` the attention-row entropy and share of exact zeros of the dialed blocks
-  (``tokenmix.attention_stats``); the patch features are kept for overclustering (``probes.overcluster``, K = the
+  (``tokenmix.attention_stats``); the patch features are kept for overclustering (``probes.headfree.overcluster``, K = the
   number of classes, Hungarian matching, one faiss k-means per probe seed);
 - the classification set: the [CLS] k-NN (k = 20, T = 0.07, ``tokenmix.knn``), per test image.
 """
@@ -26,12 +26,12 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from datamodules.datamodule_base import dense_collate
-from probes import retrieval as hb
-from probes.features import normalize_images
-from probes.matching import confusion, hungarian, matched_miou
-from probes.overcluster import ClusterSettings, overcluster
-from probes.ridge import RidgeSegProbe
-from probes.seg_metric import confmat_scores
+from probes.headfree import retrieval as hb
+from probes.core.features import normalize_images
+from probes.headfree.matching import confusion, hungarian, matched_miou
+from probes.headfree.overcluster import ClusterSettings, overcluster
+from probes.dense.ridge import RidgeSegProbe
+from probes.dense.seg_metric import confmat_scores
 from tokenmix.attention_stats import attention_stats
 from tokenmix.diffusion import boxes_patch_mask, cls_patch_cosine, effective_rank_from_gram, mask_boxes
 from tokenmix.knn import knn_classify

@@ -22,7 +22,7 @@ also for entmax-1.5). It acts in the last blocks because that is where the paper
 dense probes read; rows are row-stochastic for any ``a``, so it is a valid attention for every normaliser. The
 ``tokens`` mode is the same dilution one step further: in the features themselves rather than in their update.
 
-Works on every backbone the probes and analyses load (``probes.backbone.resolve_backbone``: this project's
+Works on every backbone the probes and analyses load (``backbones.load.resolve_backbone``: this project's
 checkpoints, official DINO, DINOv2 with or without registers, timm / DeiT / MAE files, LaSt-ViT): all are built as
 ``backbones.vit.TokenMixViT``, whose blocks' ``attn`` is a ``TokenMixAttention``. The dial wraps the attention
 layer's normaliser (``backbones.normalizers``; softmax included), so the layer takes its explicit lines
@@ -119,7 +119,7 @@ def _attention_layers(model: torch.nn.Module, n: Optional[int]) -> tuple[list[in
     bad = {type(a).__name__ for a in layers if not isinstance(a, TokenMixAttention)}
     if bad:
         raise ValueError(f"the diffusion dial wraps TokenMixAttention's normaliser; blocks {idx} hold {sorted(bad)}. "
-                         "Build the backbone with backbones.create_vit / load it through probes.backbone.")
+                         "Build the backbone with backbones.create_vit / load it through backbones.load.")
     return idx, layers
 
 

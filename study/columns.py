@@ -1,4 +1,4 @@
-"""The study's own report columns. Its tasks besides the CLIs' (``probes.tasks.TASKS``,
+"""The study's own report columns. Its tasks besides the CLIs' (``probes.core.task_table.TASKS``,
 ``analysis.registry.TASKS``): a head-free probe kind on a segmentation task, named ``<task>_<kind>`` as the probe
 CLI names its run folder and results.json (``probes.run.run_name``): ``voc_retrieval`` runs ``probes.run --task voc
 --kind retrieval`` (Hummingbird dense retrieval), ``voc_overcluster`` ``--kind overcluster``; and their columns.
@@ -17,7 +17,7 @@ from .store import read_result
 
 def headless_tasks() -> dict[str, tuple[str, str]]:
     """study task -> (probe task, kind), for every segmentation task and head-free kind it takes."""
-    from probes.tasks import ALT_KINDS, TASKS
+    from probes.core.task_table import ALT_KINDS, TASKS
     return {f"{name}_{k.value}": (name, k.value) for name, t in TASKS.items() for k in ALT_KINDS.get(t.kind, ())}
 
 

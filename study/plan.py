@@ -34,7 +34,7 @@ from .columns import headless_tasks, probe_flags
 
 def probe_tasks() -> tuple[str, ...]:
     """The probe CLI's tasks and the head-free kinds on its segmentation tasks (``study.columns``: voc_retrieval)."""
-    from probes.tasks import TASKS
+    from probes.core.task_table import TASKS
     return tuple(TASKS) + tuple(headless_tasks())
 
 

@@ -1,5 +1,5 @@
-"""The probes' one Lightning Trainer (``make_trainer``: what the trained kinds fit with and the feature passes
-predict with), and the console of a run that builds several (``lightning_console``)."""
+"""The probes' and analyses' one Lightning Trainer (``make_trainer``: what the trained kinds fit with; ``pass_trainer``:
+what every feature pass predicts with), and the console of a run that builds several (``lightning_console``)."""
 from __future__ import annotations
 
 import logging
@@ -16,15 +16,21 @@ BANNER = ("GPU available:", "TPU available:")  # printed by every Trainer(...)
 ADVERTISEMENT = "💡 Tip:"  # litlogger / litmodels, printed by every Trainer(...)
 
 
-def make_trainer(launch: Launch, progress: bool = False, **kw):
+def make_trainer(launch: Launch, progress: bool = False, head: bool = True, **kw):
     """A Lightning Trainer on ``launch``: accelerator x devices x nodes (DDP with a process-group timeout when
-    more than one process); our modules shard their own data (use_distributed_sampler=False)."""
+    more than one process); our modules shard their own data (use_distributed_sampler=False). ``head``: a trained
+    head's BatchNorm is synchronised over the processes (GPU)."""
     import lightning as L
     strategy = ddp_strategy("auto", launch.accelerator, launch.devices, launch.num_nodes, launch.dist_timeout)
+    sync = head and wants_sync_batchnorm(strategy, launch.accelerator, "the probe head's BatchNorm")
     return L.Trainer(accelerator=launch.accelerator, devices=launch.devices, num_nodes=launch.num_nodes,
-                     strategy=strategy, use_distributed_sampler=False,
-                     sync_batchnorm=wants_sync_batchnorm(strategy, launch.accelerator, "the probe head's BatchNorm"),
+                     strategy=strategy, use_distributed_sampler=False, sync_batchnorm=sync,
                      enable_model_summary=False, enable_progress_bar=progress, **kw)
+
+
+def pass_trainer(launch: Launch, progress: bool = False):
+    """The Trainer of a feature pass (``features.sharded_predict``): predict only, no logger, no checkpoint."""
+    return make_trainer(launch, progress, head=False, logger=False, enable_checkpointing=False)
 
 
 class _OncePerRun(logging.Filter):

@@ -1,5 +1,5 @@
-"""The probe tasks: which dataset, which kind of probe (``Kind``; how each kind runs: ``probes.kinds.KINDS``) and
-the per-dataset evaluation settings."""
+"""The probe task table: which dataset, which kind of probe (``Kind``; how each kind runs:
+``probes.core.kinds.KINDS``) and the per-dataset evaluation settings."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,7 +23,7 @@ def depth_eval_settings(dataset: str, ds=None) -> tuple[float, float, Optional[C
 
 
 class Kind(str, Enum):
-    """The kinds of probe; ``probes.kinds.KINDS[kind]`` says how to run one."""
+    """The kinds of probe; ``probes.core.kinds.KINDS[kind]`` says how to run one."""
     KNN = "knn"        # weighted k-NN on the last block's [CLS] (DINO eval_knn)
     LINEAR = "linear"  # linear classifier on [CLS] tokens (DINO eval_linear)
     SEG = "seg"        # linear segmentation head on patch tokens (entmax paper / DINOv2)
@@ -65,7 +65,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in [
     # your own data (docs/data.md "Your own data"); DATA names the dataset, --img-size the probe input
     TaskSpec("seg", Kind.SEG, "custom_seg", None, img_size=(448, 448)),
     TaskSpec("depth", Kind.DEPTH, "custom_depth", None, img_size=(448, 448)),
-    # frames at DINO's size (480 px short side, probes/davis.py), not img_size
+    # frames at DINO's size (480 px short side, probes/video/propagation.py), not img_size
     TaskSpec("davis", Kind.DAVIS, "davis", None, img_size=(480, 832)),
     # image level: img_size's first value is the longer side (retrieval) or the square side (copy detection);
     # DINO's README commands: Oxford 224 single-scale, Paris 512 multi-scale; eval_copy_detection's 320

@@ -20,7 +20,7 @@ from datamodules.demo import is_demo
 from datamodules.depth import DepthDataModule
 from datamodules.segmentation import SegmentationDataModule
 
-from .tasks import TaskSpec
+from probes.core.task_table import TaskSpec
 
 DATAMODULES = {"knn": ClassificationDataModule, "linear": ClassificationDataModule, "seg": SegmentationDataModule,
                "depth": DepthDataModule}

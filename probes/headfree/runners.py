@@ -1,5 +1,5 @@
 """The probe kinds with no head to train, on a segmentation task's DataModule: dense retrieval (``run_retrieval``,
-probes/retrieval.py) and overclustering (``run_overcluster``, probes/overcluster.py).
+probes/headfree/retrieval.py) and overclustering (``run_overcluster``, probes/headfree/overcluster.py).
 
 Both run as Lightning ``predict`` passes over one split at a time, each process on its fixed shard
 (``ShardSampler``): the retrieval memory is built from the training shards and gathered on every process, then each
@@ -10,7 +10,8 @@ scores at its input size).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -19,38 +20,43 @@ from datamodules.transforms.dense import FixedResize
 from datamodules.transforms.views import IMAGENET_STD
 from tokenmix.launch import global_rank
 
-from .features import FeatureSpec, FrozenFeatures, gather_shards, sharded_predict
-from .matching import hungarian, matched_miou
-from .options import OverclusterOptions, RetrievalOptions
-from .trainer import make_trainer
-from . import retrieval as hb
+from probes.core.features import FeatureSpec, FrozenFeatures, sharded_predict
+from probes.headfree import retrieval as hb
+from probes.headfree.matching import hungarian, matched_miou
 
 
-def _predict_pass(ctx, features: FrozenFeatures, dataset, step: Callable, end: Callable):
-    """``sharded_predict`` on the probes' Trainer and the validation loader's settings (``ctx``:
-    ``probes.kinds.ProbeContext``); ``step`` reads the features as ``module.net``."""
-    return sharded_predict(make_trainer(ctx.launch, ctx.progress, logger=False, enable_checkpointing=False),
-                           features, dataset, step, end, batch_size=ctx.dm.val_batch_size, collate_fn=dense_collate,
-                           num_workers=ctx.dm.num_workers)
+@dataclass(frozen=True)
+class RetrievalOptions:
+    """Hummingbird dense retrieval (``run_retrieval``); what --protocol fixes: ``hb.resolve_settings``."""
+    memory: tuple[int, ...]  # --hb-memory: memory sizes in patches
+    aug_epochs: int          # --hb-aug-epochs: augmented views of each training image
+    seed: int                # --seed: the views' random draws
+    k: int = hb.K_NEIGHBOURS                # --hb-k: nearest neighbours per patch
+    temperature: float = hb.TEMPERATURE     # --hb-temperature
+    protocol: hb.DenseRetrievalProtocol = hb.DenseRetrievalProtocol.PROJECT  # --protocol
+    std_typo: bool = False   # --hb-std-typo: normalise with the reference's std (0.255 for blue)
+    ade_other: bool = False  # ADE20K: "other" a class of its own, ignored when scoring (hummingbird)
+    trainaug: bool = False   # VOC: the memory from trainaug (voc_aug) when its list is there (hummingbird)
+    train_note: Optional[str] = None  # set when trainaug was asked for but the list is missing
 
 
-def _gather(module, local: torch.Tensor, n: int) -> torch.Tensor:
-    return gather_shards(local, n, module.global_rank, module.trainer.world_size, module.all_gather)
+@dataclass(frozen=True)
+class OverclusterOptions:
+    """Overclustering as Leopart / NeCo (``run_overcluster``, ``probes.headfree.overcluster``)."""
+    ks: str = "1x,2x,5x,10x"  # --cluster-k: K values, 'Nx' = N x the number of classes
+    iters: int = 100          # --cluster-iters: faiss k-means iterations (niter; the reference's 100)
+    seeds: int = 5            # --cluster-seeds: k-means runs with seeds 0 .. seeds - 1, averaged (the reference's)
+
+
+def _predict_pass(ctx, features: FrozenFeatures, dataset, step: Callable, end: Optional[Callable] = None):
+    """``sharded_predict`` with the validation loader's settings (``ctx``: ``probes.core.kinds.ProbeContext``)."""
+    return sharded_predict(ctx.launch, features, [dataset], step, batch_size=ctx.dm.val_batch_size,
+                           collate_fn=dense_collate, num_workers=ctx.dm.num_workers, progress=ctx.progress,
+                           end=end)[0]
 
 
 def _val_view(ctx) -> SplitView:
     return SplitView(ctx.dm.val_set.dataset, FixedResize(ctx.dm.img_size, targets=True))
-
-
-def memory_sizes(spec: str) -> tuple[int, ...]:
-    """--hb-memory '102400,1024000' -> (102400, 1024000)."""
-    try:
-        sizes = [int(float(s)) for s in str(spec).split(",") if s.strip()]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise ValueError(f"--hb-memory {spec!r}: expected comma-separated patch counts, e.g. 102400,1024000")
-    return tuple(sizes)
 
 
 def _ade_other(ctx, a: RetrievalOptions) -> bool:
@@ -76,15 +82,7 @@ def build_memory(ctx, a: RetrievalOptions, features: FrozenFeatures, n_keep: int
         E = a.aug_epochs
         return fk.reshape(-1, E, *fk.shape[1:]), lk.reshape(-1, E, *lk.shape[1:])
 
-    def end(m):
-        D = features.out_dim
-        f = torch.cat([p[0] for p in m.local]) if m.local else torch.zeros(0, a.aug_epochs, n_keep, D,
-                                                                            device=m.device)
-        y = torch.cat([p[1] for p in m.local]) if m.local else torch.zeros(0, a.aug_epochs, n_keep, C,
-                                                                            device=m.device)
-        return _gather(m, f, len(train)), _gather(m, y, len(train))
-
-    return _predict_pass(ctx, features, train, step, end)
+    return _predict_pass(ctx, features, train, step)
 
 
 def run_retrieval(ctx, a: RetrievalOptions, spec: FeatureSpec, logger) -> dict[str, Any]:
@@ -117,10 +115,6 @@ def run_retrieval(ctx, a: RetrievalOptions, spec: FeatureSpec, logger) -> dict[s
         res = matched_miou(cm, hungarian(cm))
         out[str(size)] = {"mIoU": 100 * res["mIoU"], "memory": int(mf.shape[0]), "per_image": n_per[size],
                           "requested": size, "capped": plans[size].capped, "IoU": [100 * v for v in res["IoU"]]}
-    if logger is not None and global_rank() == 0:
-        for size, r in out.items():
-            logger.experiment.add_scalar(f"retrieval/mIoU_mem{size}", r["mIoU"], 0)
-        logger.experiment.flush()
     return {"mIoU": out, "k": a.k, "temperature": a.temperature, "aug_epochs": E, "num_train": n_img,
             "num_val": len(val), "protocol": a.protocol.value, "train_set": ctx.dataset, "train_note": a.train_note,
             "img_size": list(ctx.dm.img_size), "std": list(hb.REFERENCE_STD if a.std_typo else IMAGENET_STD),
@@ -129,34 +123,21 @@ def run_retrieval(ctx, a: RetrievalOptions, spec: FeatureSpec, logger) -> dict[s
 
 
 def run_overcluster(ctx, a: OverclusterOptions, spec: FeatureSpec, logger) -> dict[str, Any]:
-    """Leopart / NeCo overclustering of the validation patch features (``probes.overcluster``), K from --cluster-k:
-    mIoU mean and std over --cluster-seeds k-means runs."""
-    from .overcluster import ClusterSettings, overcluster, resolve_ks
+    """Leopart / NeCo overclustering of the validation patch features (``probes.headfree.overcluster``), K from
+    --cluster-k: mIoU mean and std over --cluster-seeds k-means runs."""
+    from probes.headfree.overcluster import ClusterSettings, overcluster, resolve_ks
     C, t0 = ctx.dm.num_classes, time.perf_counter()
     ks = resolve_ks(a.ks, C)
     features, val = FrozenFeatures(ctx.info.model, spec), _val_view(ctx)
-    h, w = (s // ctx.patch_size for s in ctx.dm.img_size)
 
     def step(m, batch):
         return m.net(batch["image"]), torch.as_tensor(batch["mask"]).to(m.device)
 
-    def end(m):
-        if m.local:
-            f, y = torch.cat([p[0] for p in m.local]), torch.cat([p[1] for p in m.local])
-        else:  # an empty shard (fewer images than processes) still takes part in the gather
-            f = torch.zeros(0, features.out_dim, h, w, device=m.device)
-            y = torch.zeros(0, *ctx.dm.img_size, dtype=torch.long, device=m.device)
-        return _gather(m, f, len(val)), _gather(m, y, len(val))
-
-    feats, masks = _predict_pass(ctx, features, val, step, end)
+    feats, masks = _predict_pass(ctx, features, val, step)
     if global_rank() != 0:  # every rank took part in the extraction; rank 0 clusters and reports
         return {}
     res = overcluster(feats, masks.cpu(), C, ks, ClusterSettings(seeds=a.seeds, niter=a.iters))
     out = {str(k): {"mIoU": 100 * r["mIoU"], "std": 100 * r["std"], "seeds": [100 * v for v in r["seeds"]],
                     "matching": r["matching"], "pca_dim": r["pca_dim"], "IoU": [100 * v for v in r["IoU"]]}
            for k, r in res.items()}
-    if logger is not None:
-        for k, r in out.items():
-            logger.experiment.add_scalar(f"overcluster/mIoU_K{k}", r["mIoU"], 0)
-        logger.experiment.flush()
     return {"mIoU": out, "seeds": a.seeds, "num_val": len(val), "seconds": time.perf_counter() - t0}

@@ -6,17 +6,18 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .depth_metric import DepthMetrics
-from .heads import LinearDepthHead, SigLoss
-from .module_base import ProbeModule
-from .module_seg import warmup_cosine
-from .visualize import colour_depth, panel
+from probes.dense.depth_metric import DepthMetrics
+from probes.core.heads import LinearDepthHead, SigLoss
+from probes.core.module_base import ProbeModule
+from probes.dense.options import DepthHead, DepthOptions
+from probes.dense.module_seg import warmup_cosine
+from probes.dense.visualize import colour_depth, panel
 
 
 class DepthProbe(ProbeModule):
     """Depth = head(features) predicted on the patch grid upsampled x``upsample`` (DINOv2 BNHead
     upsample=4), then bilinearly resized to the label size; SigLoss on valid pixels. ``crop``/``clip``: the
-    dataset's evaluation protocol (``probes.tasks.depth_eval_settings``).
+    dataset's evaluation protocol (``probes.core.task_table.depth_eval_settings``).
     Optimiser: AdamW, lr 3e-4, wd 1e-2, warm-up + cosine per step."""
 
     def __init__(self, features, data, min_depth: float = 1e-3, max_depth: float = 10.0,
@@ -79,3 +80,13 @@ class DepthProbe(ProbeModule):
         warmup = min(max(1, total // 20), 1500)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, total, warmup))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def build_depth(ctx, features, kw: dict) -> DepthProbe:
+    """``KINDS[Kind.DEPTH].build``: the dataset's depth range, crop and clip (a custom dataset: its own)."""
+    from probes.core.task_table import depth_eval_settings
+    opts: DepthOptions = ctx.options
+    lo, hi, crop, clip = depth_eval_settings(ctx.dataset, getattr(ctx.dm, "val_set", None))
+    return DepthProbe(features, ctx.dm, min_depth=lo, max_depth=hi, crop=crop, clip=clip,
+                      classify=opts.depth_head == DepthHead.BINS, norm=opts.bin_norm.value, cache=opts.train.cache,
+                      **({"lr": opts.train.lr} if opts.train.lr else {}), **kw)

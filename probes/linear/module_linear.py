@@ -2,14 +2,30 @@
 SGD momentum 0.9, wd 0, lr 0.001 x total batch / 256, cosine over epochs; the best val top-1 is reported."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from tokenmix.topk import TopK
 
-from .heads import LinearClassifier
-from .module_base import ProbeModule
+from probes.core.heads import LinearClassifier
+from probes.core.module_base import ProbeModule
+from probes.core.options import Training
+
+
+@dataclass(frozen=True)
+class LinearOptions:
+    train: Training
+    aug: bool = True    # not --no-aug: eval_linear's RandomResizedCrop + flip (then the features are not cached)
+    bf16: bool = False  # --bf16: the backbone in bf16 autocast on CUDA (DINO: fp32)
+
+
+def build_linear(ctx, features, kw: dict) -> "LinearClassificationProbe":
+    """``KINDS[Kind.LINEAR].build``: the DataModule's train view is eval_linear's RandomResizedCrop + flip."""
+    opts: LinearOptions = ctx.options
+    return LinearClassificationProbe(features, ctx.dm, ctx.dm.num_classes, lr=opts.train.lr,
+                                     cache=not opts.aug and opts.train.cache, **kw)
 
 
 class LinearClassificationProbe(ProbeModule):

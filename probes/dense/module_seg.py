@@ -7,10 +7,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .heads import LinearSegHead
-from .module_base import ProbeModule
-from .seg_metric import SegmentationMetrics
-from .visualize import colour_mask, panel
+from probes.core.heads import LinearSegHead
+from probes.core.module_base import ProbeModule
+from probes.dense.options import SegOptions
+from probes.dense.seg_metric import SegmentationMetrics
+from probes.dense.visualize import colour_mask, panel
 
 
 def warmup_cosine(step: int, total: int, warmup: int) -> float:
@@ -84,3 +85,10 @@ class SegmentationProbe(ProbeModule):
         warmup = min(max(1, total // 20), 1500)  # DINOv2: 1500 warm-up iterations of 40k
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, total, warmup))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def build_seg(ctx, features, kw: dict) -> SegmentationProbe:
+    """``KINDS[Kind.SEG].build``: the head on the task's DataModule, --lr or the protocol's."""
+    opts: SegOptions = ctx.options
+    lr = {"lr": opts.train.lr} if opts.train.lr else {}
+    return SegmentationProbe(features, ctx.dm, ctx.dm.num_classes, cache=opts.train.cache, **lr, **kw)

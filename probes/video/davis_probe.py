@@ -2,11 +2,12 @@
 
 Per sequence: every frame resized by DINO's rule (480 px short side, the long side floored to a multiple of 64;
 the position table interpolated by the backbone), the patch tokens of the last block (``LAYER=k``: block k) in
-fp32, the first annotation propagated (``probes/davis.py``), the masks written as indexed PNGs in DINO's palette
-under ``<run>/masks/<sequence>/<frame>.png`` (frame 0: the annotation, as DINO writes it; score them with
-davis2017-evaluation's ``evaluation_method.py --task semi-supervised --results_path <run>/masks``) and scored
-(``probes/davis_metrics.py``). Sequences are sharded over the processes (every world-th, ``shard_indices``) and the
-per-object scores gathered, then averaged in sequence order: any process count gives the same figures.
+fp32, the first annotation propagated (``probes/video/propagation.py``), the masks written as indexed PNGs in
+DINO's palette under ``<run>/masks/<sequence>/<frame>.png`` (frame 0: the annotation, as DINO writes it; score them
+with davis2017-evaluation's ``evaluation_method.py --task semi-supervised --results_path <run>/masks``) and scored
+(``probes/video/davis_metrics.py``). Sequences are sharded over the processes (every world-th, the one sharded
+extraction) and the per-object scores gathered, then averaged in sequence order: any process count gives the same
+figures.
 """
 from __future__ import annotations
 
@@ -19,16 +20,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .davis import (PropagationConfig, first_labels, input_size, label_maps, mask_palette, prepare_frame,
-                    propagate_video, write_indexed_png)
-from .davis_metrics import MEASURES, ObjectScore, sequence_scores, summarize
-from .features import sharded_predict
+from probes.video.propagation import (PropagationOptions, first_labels, input_size, label_maps, mask_palette,
+                                      prepare_frame, propagate_video, write_indexed_png)
+from probes.video.davis_metrics import MEASURES, ObjectScore, sequence_scores, summarize
+from probes.core.features import gather_objects, sharded_predict
 
 
 @dataclass(frozen=True)
-class DavisSettings:
-    """What one DAVIS run does besides the propagation itself."""
-    propagation: PropagationConfig = field(default_factory=PropagationConfig)
+class DavisOptions:
+    """What one DAVIS run does besides the propagation itself (``--davis``: the propagation's own options)."""
+    propagation: PropagationOptions = field(default_factory=PropagationOptions)
     batch_size: int = 8                        # frames per backbone forward
     blocks: Optional[tuple[int, ...]] = None   # None: the last block (DINO's get_intermediate_layers(n=1))
     strip_sequences: int = 2                   # TensorBoard strips: the first sequences of the split
@@ -48,7 +49,7 @@ class SequenceResult:
 
 
 @torch.no_grad()
-def sequence_features(backbone, frames_bgr: np.ndarray, settings: DavisSettings,
+def sequence_features(backbone, frames_bgr: np.ndarray, settings: DavisOptions,
                       device: torch.device) -> torch.Tensor:
     """(T, h, w, D) fp32 patch features of every frame at DINO's input size."""
     size = input_size(*frames_bgr.shape[1:3], settings.propagation.short_side)
@@ -64,7 +65,7 @@ def sequence_features(backbone, frames_bgr: np.ndarray, settings: DavisSettings,
     return torch.cat(out)
 
 
-def segment_sequence(backbone, frames_bgr: np.ndarray, masks: np.ndarray, settings: DavisSettings,
+def segment_sequence(backbone, frames_bgr: np.ndarray, masks: np.ndarray, settings: DavisOptions,
                      device: torch.device) -> np.ndarray:
     """(T, H, W) uint8 object ids of every frame: frame 0 the annotation as given, frames 1.. propagated."""
     feats = sequence_features(backbone, frames_bgr, settings, device)
@@ -87,7 +88,7 @@ def _overlay(rgb: torch.Tensor, ids: torch.Tensor, pal: torch.Tensor) -> torch.T
     return torch.where(ids[None] > 0, 0.5 * rgb + 0.5 * colour, rgb)
 
 
-def strip_image(frames_bgr: np.ndarray, gt: np.ndarray, pred: np.ndarray, settings: DavisSettings) -> torch.Tensor:
+def strip_image(frames_bgr: np.ndarray, gt: np.ndarray, pred: np.ndarray, settings: DavisOptions) -> torch.Tensor:
     """(3, 2h, n·w) uint8: evenly spaced frames with the annotation (top) and the propagated masks (bottom)."""
     T = len(frames_bgr)
     pick = np.unique(np.linspace(0, T - 1, min(settings.strip_frames, T)).round().astype(int))
@@ -102,7 +103,7 @@ def strip_image(frames_bgr: np.ndarray, gt: np.ndarray, pred: np.ndarray, settin
     return torch.cat(cols, dim=2).round().clamp(0, 255).to(torch.uint8)
 
 
-def run_sequence(backbone, dataset, index: int, settings: DavisSettings, device: torch.device,
+def run_sequence(backbone, dataset, index: int, settings: DavisOptions, device: torch.device,
                  mask_dir: Optional[Path]) -> SequenceResult:
     """Load, propagate, write the PNGs and score one sequence of a ``DAVISDataset``."""
     item = dataset.load(dataset.samples[index])
@@ -117,7 +118,7 @@ def run_sequence(backbone, dataset, index: int, settings: DavisSettings, device:
                           len(labels), strip)
 
 
-def metrics_of(results: list[SequenceResult], settings: DavisSettings, seconds: float) -> dict[str, Any]:
+def metrics_of(results: list[SequenceResult], settings: DavisOptions, seconds: float) -> dict[str, Any]:
     """results.json's metrics: the tool's global table in percent (the paper's unit), per object and sequence."""
     results = sorted(results, key=lambda r: r.index)
     objects = [o for r in results for o in r.objects]
@@ -134,16 +135,6 @@ def metrics_of(results: list[SequenceResult], settings: DavisSettings, seconds: 
     return metrics
 
 
-def gather_results(local: list[SequenceResult], world: int) -> list[SequenceResult]:
-    """Every process's results on every process (sequence order restored by ``metrics_of``)."""
-    if world == 1:
-        return local
-    import torch.distributed as dist
-    parts: list = [None] * world
-    dist.all_gather_object(parts, local)
-    return [r for part in parts for r in part]
-
-
 def log_strips(logger, results: list[SequenceResult], metrics: dict) -> None:
     """TensorBoard: J&F and friends as scalars, a strip of frames with masks per chosen sequence."""
     if logger is None:
@@ -157,23 +148,10 @@ def log_strips(logger, results: list[SequenceResult], metrics: dict) -> None:
     exp.flush()
 
 
-def davis_pass(trainer_factory, backbone, dataset, settings: DavisSettings,
-               mask_dir: Optional[Path]) -> tuple[list[SequenceResult], float]:
-    """Every sequence once, sharded over the processes of ``trainer_factory()`` (a Lightning Trainer; its
-    ``predict`` starts the processes), gathered on every process: (results, seconds)."""
-    def step(m, index):
-        return run_sequence(m.net.eval(), dataset, int(index), settings, m.device, mask_dir)
-
-    t0 = time.perf_counter()
-    results = sharded_predict(trainer_factory(), backbone, list(range(len(dataset))), step,
-                              lambda m: gather_results(m.local, m.trainer.world_size), batch_size=1,
-                              collate_fn=lambda b: b[0])
-    return results, time.perf_counter() - t0
-
-
-def run_davis(backbone, root: Path, settings: DavisSettings, trainer_factory, log_dir: Optional[Path],
-              logger=None) -> dict[str, Any]:
-    """The whole task: every sequence of ``settings.split`` (the first ``max_sequences``), PNGs under
+def run_davis(backbone, root: Path, settings: DavisOptions, launch, log_dir: Optional[Path], logger=None,
+              progress: bool = False) -> dict[str, Any]:
+    """The whole task: every sequence of ``settings.split`` (the first ``max_sequences``) once, sharded over the
+    processes of ``launch`` and gathered on every process (sequence order restored by ``metrics_of``), PNGs under
     ``log_dir/masks``, the global table (rank 0; other processes return {}), TensorBoard scalars and strips."""
     from datamodules import build_dataset
     from tokenmix.launch import global_rank
@@ -181,24 +159,27 @@ def run_davis(backbone, root: Path, settings: DavisSettings, trainer_factory, lo
     if settings.max_sequences:
         dataset.samples = dataset.samples[:settings.max_sequences]
     mask_dir = None if log_dir is None else Path(log_dir) / "masks"
-    results, seconds = davis_pass(trainer_factory, backbone, dataset, settings, mask_dir)
+
+    def step(m, index):
+        return run_sequence(m.net.eval(), dataset, int(index), settings, m.device, mask_dir)
+
+    t0 = time.perf_counter()
+    results = sharded_predict(launch, backbone, [list(range(len(dataset)))], step, batch_size=1,
+                              collate_fn=lambda b: b[0], progress=progress, end=gather_objects)[0]
     if global_rank() != 0:
         return {}
-    metrics = metrics_of(results, settings, seconds)
+    metrics = metrics_of(results, settings, time.perf_counter() - t0)
     metrics["split"], metrics["masks"] = settings.split, None if mask_dir is None else str(mask_dir)
     log_strips(logger, results, metrics)
     return metrics
 
 
-def run_davis_kind(ctx, options: DavisSettings, spec, logger) -> dict[str, Any]:
-    """``KINDS[Kind.DAVIS].runner``: the probe context's backbone and DATA_ROOT, its ``DavisSettings``, the
+def run_davis_kind(ctx, options: DavisOptions, spec, logger) -> dict[str, Any]:
+    """``KINDS[Kind.DAVIS].runner``: the probe context's backbone and DATA_ROOT, its ``DavisOptions``, the
     blocks of ``spec`` (``LAYER=``); a layer sweep writes each block's masks under ``block_<k>/masks``."""
     from dataclasses import replace
-
-    from .trainer import make_trainer
     settings = replace(options, blocks=None if spec.blocks is None else tuple(spec.blocks))
     log_dir = ctx.log_dir
     if log_dir is not None and spec.blocks is not None:
         log_dir = Path(log_dir) / f"block_{spec.blocks[0]}"
-    factory = lambda: make_trainer(ctx.launch, ctx.progress, logger=False, enable_checkpointing=False)  # noqa: E731
-    return run_davis(ctx.info.model, Path(ctx.root), settings, factory, log_dir, logger)
+    return run_davis(ctx.info.model, Path(ctx.root), settings, ctx.launch, log_dir, logger, ctx.progress)

@@ -12,7 +12,7 @@ dense (context · hw)² affinity; here the neighbourhood is an index table built
 and only its candidates are exponentiated, thresholded and summed. Equal to ``official/dino_video_segmentation.py``
 (tests/test_davis.py): identical masks; the soft maps differ only by float summation order.
 
->>> cfg = PropagationConfig()
+>>> cfg = PropagationOptions()
 >>> input_size(480, 854, cfg.short_side)  # DAVIS 480p: 480 x 832 input, a 30 x 52 grid at patch 16
 (480, 832)
 """
@@ -32,7 +32,7 @@ DINO_STD = (0.228, 0.224, 0.225)  # eval_video_segmentation's color_normalize (0
 
 
 @dataclass(frozen=True)
-class PropagationConfig:
+class PropagationOptions:
     """DINO's defaults: --n_last_frames 7, --topk 5, --size_mask_neighborhood 12, temperature 0.1, 480 px."""
     n_last_frames: int = 7
     topk: int = 5
@@ -47,10 +47,10 @@ class PropagationConfig:
                              "neighbourhood >= 0, temperature > 0 and short_side >= 1")
 
     @classmethod
-    def parse(cls, text: str) -> "PropagationConfig":
+    def parse(cls, text: str) -> "PropagationOptions":
         """From 'key=value,...' (``make probe ARGS="--davis short_side=64,topk=5"``); '' gives DINO's defaults.
 
-        >>> PropagationConfig.parse("topk=3, temperature=0.05").topk
+        >>> PropagationOptions.parse("topk=3, temperature=0.05").topk
         3
         """
         kw = {}
@@ -108,7 +108,7 @@ def neighbourhood(h: int, w: int, radius: int, device: str = "cpu") -> tuple[tor
 
 
 def propagate_frame(target: torch.Tensor, ctx_feats: torch.Tensor, ctx_labels: torch.Tensor,
-                    nb: tuple[torch.Tensor, torch.Tensor], cfg: PropagationConfig) -> torch.Tensor:
+                    nb: tuple[torch.Tensor, torch.Tensor], cfg: PropagationOptions) -> torch.Tensor:
     """Soft labels (C, hw) of one frame. ``target`` (hw, D) and ``ctx_feats`` (n, hw, D) L2-normalised,
     ``ctx_labels`` (n, C, hw): the first frame's one-hot, then the previous frames' soft maps."""
     idx, valid = nb
@@ -129,7 +129,7 @@ def propagate_frame(target: torch.Tensor, ctx_feats: torch.Tensor, ctx_labels: t
 
 
 @torch.no_grad()
-def propagate_video(feats: torch.Tensor, first: torch.Tensor, cfg: PropagationConfig) -> torch.Tensor:
+def propagate_video(feats: torch.Tensor, first: torch.Tensor, cfg: PropagationOptions) -> torch.Tensor:
     """Soft label maps (T-1, C, h, w) of frames 1..T-1 from patch features (T, h, w, D) and the first frame's
     one-hot (C, h, w); the context is the first frame plus the ``n_last_frames`` previous ones (a FIFO)."""
     T, h, w, D = feats.shape

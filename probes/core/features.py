@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from datamodules.datamodule_base import ShardSampler, shard_indices
 from datamodules.transforms.views import normalize
+from tokenmix.cli import Launch
 from tokenmix.precision import inference_autocast
 
 
@@ -36,11 +37,12 @@ normalize_images = normalize  # uint8 (B, 3, H, W) -> float, ImageNet mean/std (
 
 
 class FrozenFeatures(nn.Module):
-    """A backbone that never trains (eval mode, no grad) plus the feature recipe of one probe."""
+    """A backbone that never trains (eval mode, no grad) plus the feature recipe of one probe. ``bf16``: the
+    backbone under bf16 autocast on CUDA (tokenmix/precision.py); False: fp32, as DINO's protocols run."""
 
-    def __init__(self, backbone: nn.Module, spec: FeatureSpec):
+    def __init__(self, backbone: nn.Module, spec: FeatureSpec, bf16: bool = True):
         super().__init__()
-        self.backbone, self.spec = backbone, spec
+        self.backbone, self.spec, self.bf16 = backbone, spec, bf16
         for p in self.backbone.parameters():
             p.requires_grad_(False)
         self.backbone.eval()
@@ -64,7 +66,7 @@ class FrozenFeatures(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = normalize_images(images)
         bb, spec = self.backbone, self.spec
-        with inference_autocast(x.device):  # bf16 on CUDA (tokenmix/precision.py); the features leave as fp32
+        with inference_autocast(x.device, self.bf16):  # bf16 on CUDA unless fp32 is asked; features leave as fp32
             if getattr(bb, "depth", 1) == 1:
                 outs = bb.extract(x, n_last_blocks=1)
             elif spec.blocks is not None:
@@ -132,69 +134,73 @@ def gather_shards(local: torch.Tensor, n: int, rank: int, world: int, all_gather
     return out
 
 
-def extraction_module(features: FrozenFeatures):
-    """A LightningModule whose ``trainer.predict(module, datamodule=dm)`` embeds every split of ``dm`` (items with
-    "image" and "label"; a ``datamodules`` DataModule shards each split without padding) and gathers them:
-    afterwards ``module.results[i]`` is (features, labels) of split i in dataset order, identical on every rank.
+def gather_objects(module, dst: Optional[int] = None) -> Optional[list]:
+    """Every process's ``module.local`` (picklable items), concatenated in rank order: on every process, or on
+    rank ``dst`` alone (None elsewhere). A collective: every process calls it."""
+    world = module.trainer.world_size
+    if world == 1:
+        return list(module.local)
+    import torch.distributed as dist
+    parts = [None] * world if dst is None or module.global_rank == dst else None
+    if dst is None:
+        dist.all_gather_object(parts, module.local)
+    else:
+        dist.gather_object(module.local, parts, dst=dst)
+    return None if parts is None else [x for part in parts for x in part]
 
-    >>> # m = extraction_module(FrozenFeatures(vit, FeatureSpec(kind="cls")))
-    >>> # L.Trainer(devices=2).predict(m, datamodule=ClassificationDataModule(...), return_predictions=False)
-    """
+
+def gather_rows(module, n: int) -> tuple[torch.Tensor, ...]:
+    """``module.local`` (one tuple of tensors per batch, rows in shard order) -> each field's ``n`` rows in dataset
+    order, on the CPU of every process (``gather_shards``). An empty shard gives each field's row shape from one
+    forward of the first item, so that it can take part in the collective."""
+    local = module.local or [tuple(x[:0] for x in module.step_one())]
+    return tuple(gather_shards(torch.cat(field), n, module.global_rank, module.trainer.world_size,
+                               module.all_gather).cpu() for field in zip(*local))
+
+
+def sharded_predict(launch: Launch, net: nn.Module, datasets: Sequence, step: Callable, *, batch_size: int,
+                    collate_fn: Callable, num_workers: int = 0, progress: bool = False,
+                    end: Optional[Callable] = None, move_batch: bool = True) -> list:
+    """The one sharded extraction of the probes, the analyses and DAVIS: one ``trainer.predict`` (the probes'
+    Trainer on ``launch``, ``pass_trainer``) over each of ``datasets``, each sharded over the processes
+    (``ShardSampler``: every world-th item, no padding); ``step(module, batch)`` per batch with the net as
+    ``module.net`` (moved to the device by Lightning), its outputs kept in ``module.local``. Per dataset,
+    ``end(module)`` runs once on every process (collectives go there); by default ``gather_rows``: ``step``
+    returns a tuple of tensors and every process gets each field in dataset order. Returns one ``end`` value per
+    dataset. ``move_batch=False``: batches reach ``step`` as collated."""
     import lightning as L
 
-    class FeatureExtraction(L.LightningModule):
+    from probes.core.trainer import pass_trainer
+
+    class ShardedPass(L.LightningModule):
         def __init__(self):
             super().__init__()
-            self.features = features
-            self.results: list[tuple[torch.Tensor, torch.Tensor]] = []
-            self._local: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-
-        def on_predict_epoch_start(self) -> None:
-            self._local = [[] for _ in self.trainer.predict_dataloaders]
-
-        def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-            self._local[dataloader_idx].append((self.features(batch["image"]).float(),
-                                                torch.as_tensor(batch["label"]).to(self.device)))
-            return self._local[dataloader_idx][-1]  # return_predictions=False: Lightning keeps nothing
-
-        def on_predict_epoch_end(self) -> None:  # every rank: all_gather is a collective
-            rank, world = self.global_rank, self.trainer.world_size
-            self.results = []
-            for loader, parts in zip(self.trainer.predict_dataloaders, self._local):
-                n = len(loader.dataset)
-                f = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, features.out_dim, device=self.device)
-                y = torch.cat([p[1] for p in parts]) if parts else torch.zeros(0, dtype=torch.long, device=self.device)
-                self.results.append((gather_shards(f, n, rank, world, self.all_gather).cpu(),
-                                     gather_shards(y, n, rank, world, self.all_gather).cpu()))
-            self._local = []
-
-    return FeatureExtraction()
-
-
-def sharded_predict(trainer, net: nn.Module, dataset, step: Callable, end: Callable, *, batch_size: int,
-                    collate_fn: Callable, num_workers: int = 0) -> Any:
-    """``trainer.predict`` over ``dataset`` sharded over the trainer's processes (``ShardSampler``): ``step(module,
-    batch)`` per batch, its outputs kept in ``module.local``; ``end(module)`` once on every process (collectives go
-    there), whose value is returned. ``net`` is ``module.net``: Lightning moves it to the device."""
-    import lightning as L
-
-    class Pass(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net, self.local, self.result = net, [], None
+            self.net, self.local, self.results, self._locals, self._i = net, [], [], [], 0
 
         def predict_dataloader(self):
-            sampler = ShardSampler(dataset, self.global_rank, self.trainer.world_size, train=False)
-            return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn,
-                              num_workers=num_workers)
+            return [DataLoader(ds, batch_size=batch_size, collate_fn=collate_fn, num_workers=num_workers,
+                               sampler=ShardSampler(ds, self.global_rank, self.trainer.world_size, train=False))
+                    for ds in datasets]
 
-        def predict_step(self, batch, batch_idx: int):
-            self.local.append(step(self, batch))
-            return self.local[-1]  # return_predictions=False: Lightning keeps nothing
+        def transfer_batch_to_device(self, batch, device, dataloader_idx):
+            return super().transfer_batch_to_device(batch, device, dataloader_idx) if move_batch else batch
+
+        def step_one(self):
+            one = collate_fn([datasets[self._i][0]])
+            return step(self, self.transfer_batch_to_device(one, self.device, self._i))
+
+        def on_predict_epoch_start(self):
+            self._locals = [[] for _ in datasets]
+
+        def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
+            self._locals[dataloader_idx].append(step(self, batch))
+            return self._locals[dataloader_idx][-1]  # return_predictions=False: Lightning keeps nothing
 
         def on_predict_epoch_end(self):
-            self.result = end(self)
+            for i, ds in enumerate(datasets):  # every process, in the same order: the collectives match
+                self._i, self.local = i, self._locals[i]
+                self.results.append(end(self) if end is not None else gather_rows(self, len(ds)))
 
-    module = Pass()
-    trainer.predict(module, return_predictions=False)
-    return module.result
+    module = ShardedPass()
+    pass_trainer(launch, progress).predict(module, return_predictions=False)
+    return module.results

@@ -27,36 +27,30 @@ import torch.nn.functional as F
 from datamodules.transforms.views import normalize
 from tokenmix.precision import inference_autocast
 
-from .features import FeatureSpec
-from .global_features import Extraction, extract_descriptors, image_side, patch_multiple
+from probes.core.features import FeatureSpec
+from probes.instance.global_features import Extraction, extract_descriptors, patch_multiple
 
 TOP_K = 20  # DINO: similarity.topk(20)
 GEM_P = 4.0
 
 
 @dataclass(frozen=True)
-class CopyDetectionConfig:
-    imsize: int = 320      # DINO --imsize (square)
-    batch_size: int = 16   # DINO --batch_size_per_gpu
+class CopyDetectionOptions:
+    imsize: int = 320      # DINO --imsize (square; ``make probe``: the task's, probes.core.task_table)
+    batch_size: int = 16   # DINO --batch_size_per_gpu (--batch-size)
     top_k: int = TOP_K
     whitening_root: Optional[Path] = None    # None: <DATA_ROOT>/whitening when it exists (DINO --whitening_path)
     distractors_root: Optional[Path] = None  # None: <DATA_ROOT>/distractors when it exists (--distractors_path)
+    bf16: bool = False     # --bf16: the backbone in bf16 autocast on CUDA (DINO: fp32)
 
 
-def copy_detection_config(task: str, img_size: Optional[str], batch_size: Optional[int],
-                          whitening_root: Optional[str], distractors_root: Optional[str]) -> CopyDetectionConfig:
-    """``make probe``'s options; '' or None roots: ``<DATA_ROOT>/whitening`` / ``distractors`` when present."""
-    return CopyDetectionConfig(imsize=image_side(task, img_size), batch_size=batch_size or 16,
-                               whitening_root=Path(whitening_root).expanduser() if whitening_root else None,
-                               distractors_root=Path(distractors_root).expanduser() if distractors_root else None)
-
-
-def copy_descriptor(backbone: nn.Module, images: torch.Tensor, blocks: Optional[Sequence[int]] = None) -> torch.Tensor:
+def copy_descriptor(backbone: nn.Module, images: torch.Tensor, blocks: Optional[Sequence[int]] = None,
+                    bf16: bool = False) -> torch.Tensor:
     """(B, 2D): [CLS] and GeM(p=4) of the patch tokens of the last block (DINO ``extract_features``; ``blocks``:
-    of that one block instead, ``LAYER=k``)."""
+    of that one block instead, ``LAYER=k``). fp32 as DINO; ``bf16``: the backbone under bf16 autocast on CUDA."""
     x = normalize(images)
     kw = {"blocks": list(blocks)} if blocks is not None else {"n_last_blocks": 1}
-    with inference_autocast(x.device):
+    with inference_autocast(x.device, bf16):
         out = backbone.extract(patch_multiple(x, backbone), **kw)[-1]
     cls, patch = out["cls"].float(), out["patch"].float()
     gem = patch.clamp(min=1e-6).pow(GEM_P).mean(dim=1).pow(1.0 / GEM_P)
@@ -119,14 +113,15 @@ def score_blocks(database: torch.Tensor, queries: dict[str, torch.Tensor], posit
     return out
 
 
-def run_copy_detection(backbone: nn.Module, blocks: dict[str, Any], cfg: CopyDetectionConfig, how: Extraction,
+def run_copy_detection(backbone: nn.Module, blocks: dict[str, Any], cfg: CopyDetectionOptions, how: Extraction,
                        distractors=None, whitening_set=None, layer: Optional[Sequence[int]] = None) -> dict[str, Any]:
     """``blocks``: the Copydays datasets by block name (``original`` first, opened with ``imsize``); optional
     distractor and whitening datasets. Every process extracts its shard; every process gets the metrics."""
     t0 = time.perf_counter()
 
     def feats(ds):
-        return extract_descriptors(backbone, ds, lambda bb, x: copy_descriptor(bb, x, layer), cfg.batch_size, how)
+        return extract_descriptors(backbone, ds, lambda bb, x: copy_descriptor(bb, x, layer, cfg.bf16),
+                                   cfg.batch_size, how)
 
     queries = {name: feats(ds) for name, ds in blocks.items()}
     database = queries["original"]
@@ -141,7 +136,7 @@ def run_copy_detection(backbone: nn.Module, blocks: dict[str, Any], cfg: CopyDet
             "seconds": time.perf_counter() - t0}
 
 
-def open_copydays(root: Path, cfg: CopyDetectionConfig) -> tuple[dict[str, Any], Any, Any]:
+def open_copydays(root: Path, cfg: CopyDetectionOptions) -> tuple[dict[str, Any], Any, Any]:
     """(query blocks present, distractors or None, whitening set or None) at ``root``; ``original`` and ``strong``
     are required, a given whitening / distractor folder too, the other blocks are read when present."""
     from datamodules.datasets.copydays import QUERY_BLOCKS, CopydaysDataset
@@ -160,21 +155,15 @@ def open_copydays(root: Path, cfg: CopyDetectionConfig) -> tuple[dict[str, Any],
     return blocks, extra.get("distractors"), extra.get("whitening")
 
 
-def run_copy_detection_kind(ctx, cfg: CopyDetectionConfig, spec, logger) -> dict[str, Any]:
+def run_copy_detection_kind(ctx, cfg: CopyDetectionOptions, spec, logger) -> dict[str, Any]:
     """``KINDS[Kind.COPY_DETECTION].runner``: the probe context's backbone, Copydays at DATA_ROOT and options
-    (``CopyDetectionConfig``); ``spec.blocks``: ``LAYER=k``."""
-    from .trainer import make_trainer
+    (``CopyDetectionOptions``); ``spec.blocks``: ``LAYER=k``."""
     blocks, distractors, whitening = open_copydays(Path(ctx.root), cfg)
-    how = Extraction(trainer=lambda: make_trainer(ctx.launch, ctx.progress, logger=False, enable_checkpointing=False))
-    out = run_copy_detection(ctx.info.model, blocks, cfg, how, distractors, whitening, spec.blocks)
-    if logger is not None:
-        for name, v in out["mAP"].items():
-            logger.experiment.add_scalar(f"copy_detection/mAP_{name.replace('/', '_')}", v, 0)
-        logger.experiment.flush()
-    return out
+    how = Extraction(launch=ctx.launch, progress=ctx.progress)
+    return run_copy_detection(ctx.info.model, blocks, cfg, how, distractors, whitening, spec.blocks)
 
 
-def copy_spec(options: CopyDetectionConfig, depth: int, blocks) -> FeatureSpec:
+def copy_spec(options: CopyDetectionOptions, depth: int, blocks) -> FeatureSpec:
     """What the descriptor reads (results.json's ``features``): [CLS] and the patch tokens of one block."""
     return FeatureSpec(kind="dense", n_last_blocks=1, blocks=blocks, with_cls=True)
 

@@ -10,8 +10,9 @@ paper and that code's behaviour, not copied.
   distribution (the class frequencies of its pixels; ignore pixels count as class 0, as in the reference).
 - A validation patch gets the labels of its k = 30 nearest memory patches (cosine similarity, exact search)
   averaged with the attention weights softmax(cos / 0.02); the label map is upsampled bilinearly to the mask, its
-  argmax scored by ``probes.matching`` (Hungarian matching, as the reference's ``PredsmIoU``).
-- ``Protocol``: the project's default, or ``HUMMINGBIRD``, the reference's published setting (``settings_for``).
+  argmax scored by ``probes.headfree.matching`` (Hungarian matching, as the reference's ``PredsmIoU``).
+- ``DenseRetrievalProtocol``: the project's default, or ``HUMMINGBIRD``, the reference's published setting
+  (``resolve_settings``).
 
 Every random draw of an image comes from its own generator (seed, augmentation epoch, image index), so the memory
 is the same however the images are sharded over processes.
@@ -41,7 +42,7 @@ PAPER_MEMORY = (1024 * 10 ** 2, 1024 * 10 ** 3, 1024 * 10 ** 4)  # the memory si
 REFERENCE_STD = (0.229, 0.224, 0.255)  # open-hummingbird-eval's IMAGENET_STD: 0.255 for 0.225, in its figures too
 
 
-class Protocol(str, Enum):
+class DenseRetrievalProtocol(str, Enum):
     """--protocol: the project's retrieval setting, or the one open-hummingbird-eval's published figures use."""
     PROJECT = "project"
     HUMMINGBIRD = "hummingbird"
@@ -59,20 +60,21 @@ class RetrievalSettings:
 
 
 PROTOCOLS = {
-    Protocol.PROJECT: RetrievalSettings(aug_epochs=1, img_size=None, memory=PAPER_MEMORY, trainaug=False,
-                                        std_typo=False, ade_other=False),
+    DenseRetrievalProtocol.PROJECT: RetrievalSettings(aug_epochs=1, img_size=None, memory=PAPER_MEMORY,
+                                                      trainaug=False, std_typo=False, ade_other=False),
     # open-hummingbird-eval README: VOC trainaug, 2 augmentation epochs, 512 px, memory 1024 x 10^2..10^4
-    Protocol.HUMMINGBIRD: RetrievalSettings(aug_epochs=2, img_size=512, memory=PAPER_MEMORY, trainaug=True,
-                                            std_typo=True, ade_other=True),
+    DenseRetrievalProtocol.HUMMINGBIRD: RetrievalSettings(aug_epochs=2, img_size=512, memory=PAPER_MEMORY,
+                                                          trainaug=True, std_typo=True, ade_other=True),
 }
 
 
-def resolve_settings(protocol: Protocol, aug_epochs: Optional[int] = None, memory: Optional[Sequence[int]] = None,
-                     std_typo: Optional[bool] = None, img_size: Optional[int] = None) -> RetrievalSettings:
+def resolve_settings(protocol: DenseRetrievalProtocol, aug_epochs: Optional[int] = None,
+                     memory: Optional[Sequence[int]] = None, std_typo: Optional[bool] = None,
+                     img_size: Optional[int] = None) -> RetrievalSettings:
     """The protocol's settings with the values given explicitly (not None) in their place."""
     given = {"aug_epochs": aug_epochs, "memory": tuple(memory) if memory else None, "std_typo": std_typo,
              "img_size": img_size}
-    return replace(PROTOCOLS[Protocol(protocol)], **{k: v for k, v in given.items() if v is not None})
+    return replace(PROTOCOLS[DenseRetrievalProtocol(protocol)], **{k: v for k, v in given.items() if v is not None})
 
 
 def protocol_inputs(images: torch.Tensor, masks: torch.Tensor, std_typo: bool,
@@ -277,7 +279,7 @@ def confusion_of(feats: torch.Tensor, masks, memory: torch.Tensor, labels: torch
                  k: int = K_NEIGHBOURS, temperature: float = TEMPERATURE, ignore_index: int = 255) -> torch.Tensor:
     """(C, C) confusion counts of the retrieval labelling of (B, D, h, w) validation features against masks
     (pixels labelled ``ignore_index`` skipped: 255, or 0 for ADE20K with "other" kept, as the reference)."""
-    from .matching import confusion
+    from probes.headfree.matching import confusion
     cm = torch.zeros(num_classes, num_classes, dtype=torch.long)
     for f, mask in zip(feats, masks):
         dist = retrieve(f.flatten(1).T, memory.to(f.device), labels, k, temperature)

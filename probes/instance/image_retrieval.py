@@ -27,48 +27,42 @@ import torch.nn.functional as F
 from datamodules.transforms.views import normalize
 from tokenmix.precision import inference_autocast
 
-from .global_features import Extraction, extract_descriptors, image_side, patch_multiple
+from probes.instance.global_features import Extraction, extract_descriptors, patch_multiple
 
 KAPPAS = (1, 5, 10)  # mP@k, as revisitop's example and DINO print them
 SCALES = (1.0, 1 / math.sqrt(2), 0.5)  # DINO utils.multi_scale
 CHUNK = 1 << 22  # ranked images x queries scored at once
 
 
-class Protocol(str, Enum):
+class RevisitopProtocol(str, Enum):
     """revisitop's three setups (example_evaluate.py): which of a query's lists are positives, which are junk."""
     EASY = "E"    # positives: easy; junk: junk + hard
     MEDIUM = "M"  # positives: easy + hard; junk: junk
     HARD = "H"    # positives: hard; junk: junk + easy
 
 
-_LISTS = {Protocol.EASY: (("easy",), ("junk", "hard")), Protocol.MEDIUM: (("easy", "hard"), ("junk",)),
-          Protocol.HARD: (("hard",), ("junk", "easy"))}
+_LISTS = {RevisitopProtocol.EASY: (("easy",), ("junk", "hard")),
+          RevisitopProtocol.MEDIUM: (("easy", "hard"), ("junk",)),
+          RevisitopProtocol.HARD: (("hard",), ("junk", "easy"))}
 
 
 @dataclass(frozen=True)
-class RetrievalConfig:
-    imsize: int = 224          # longer side of every image (DINO: 224 for Oxford, 512 for Paris in its README)
-    multiscale: bool = False   # DINO --multiscale
+class ImageRetrievalOptions:
+    imsize: int = 224          # longer side of every image (``make probe``: the task's, probes.core.task_table)
+    multiscale: bool = False   # DINO --multiscale (``make probe``: DINO's README, ``DINO_MULTISCALE``)
     crop_queries: bool = True  # revisitop's protocol: a query is its box (DINO's script reads it whole)
-    protocols: tuple[Protocol, ...] = (Protocol.EASY, Protocol.MEDIUM, Protocol.HARD)
+    protocols: tuple[RevisitopProtocol, ...] = tuple(RevisitopProtocol)
     kappas: tuple[int, ...] = field(default=KAPPAS)
+    bf16: bool = False         # --bf16: the backbone in bf16 autocast on CUDA (DINO: fp32)
 
 
-# DINO's README commands: Oxford single-scale at 224, Paris multi-scale at 512 (the sizes: probes.tasks)
+# DINO's README commands: Oxford single-scale at 224, Paris multi-scale at 512 (the sizes: probes.core.task_table)
 DINO_MULTISCALE = {"roxford5k": False, "rparis6k": True}
 
 
-def retrieval_config(task: str, img_size: Optional[str], multiscale: Optional[bool],
-                     whole_queries: bool) -> RetrievalConfig:
-    """``make probe``'s options: ``img_size`` None / '' and ``multiscale`` None take the task's defaults
-    (``probes.tasks``, ``DINO_MULTISCALE``)."""
-    ms = DINO_MULTISCALE.get(task, False) if multiscale is None else bool(multiscale)
-    return RetrievalConfig(imsize=image_side(task, img_size), multiscale=ms, crop_queries=not whole_queries)
-
-
-def protocol_lists(gnd: Sequence[dict], protocol: Protocol) -> list[tuple[np.ndarray, np.ndarray]]:
+def protocol_lists(gnd: Sequence[dict], protocol: RevisitopProtocol) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per query (positives, junk) as database indices under ``protocol``."""
-    ok, junk = _LISTS[Protocol(protocol)]
+    ok, junk = _LISTS[RevisitopProtocol(protocol)]
     cat = lambda g, keys: np.concatenate([np.asarray(g[k], dtype=np.int64).ravel() for k in keys])  # noqa: E731
     return [(cat(g, ok), cat(g, junk)) for g in gnd]
 
@@ -127,11 +121,12 @@ def block_cls(backbone: nn.Module, x: torch.Tensor, blocks: Optional[Sequence[in
 
 
 def retrieval_descriptor(backbone: nn.Module, images: torch.Tensor, multiscale: bool = False,
-                         blocks: Optional[Sequence[int]] = None) -> torch.Tensor:
+                         blocks: Optional[Sequence[int]] = None, bf16: bool = False) -> torch.Tensor:
     """(B, D): the last block's normalised [CLS]; ``multiscale``: averaged over ``SCALES`` and divided by its
-    norm, as DINO's ``multi_scale`` (which divides a batch of one by its norm)."""
+    norm, as DINO's ``multi_scale`` (which divides a batch of one by its norm). fp32 as DINO; ``bf16``: the
+    backbone under bf16 autocast on CUDA."""
     x = normalize(images)
-    with inference_autocast(x.device):
+    with inference_autocast(x.device, bf16):
         if not multiscale:
             return block_cls(backbone, x, blocks)
         v = 0.0
@@ -142,7 +137,7 @@ def retrieval_descriptor(backbone: nn.Module, images: torch.Tensor, multiscale: 
     return v / v.norm(dim=1, keepdim=True)
 
 
-def score(database: torch.Tensor, queries: torch.Tensor, gnd: Sequence[dict], cfg: RetrievalConfig) -> dict:
+def score(database: torch.Tensor, queries: torch.Tensor, gnd: Sequence[dict], cfg: ImageRetrievalOptions) -> dict:
     """mAP and mP@k (percent) of every protocol in ``cfg.protocols``."""
     ranks = rank_database(database, queries)
     out: dict[str, Any] = {"mAP": {}, "mP@k": {}}
@@ -153,14 +148,14 @@ def score(database: torch.Tensor, queries: torch.Tensor, gnd: Sequence[dict], cf
     return out
 
 
-def run_image_retrieval(backbone: nn.Module, database, queries, cfg: RetrievalConfig, how: Extraction,
+def run_image_retrieval(backbone: nn.Module, database, queries, cfg: ImageRetrievalOptions, how: Extraction,
                         blocks: Optional[Sequence[int]] = None) -> dict[str, Any]:
     """Descriptors of both splits (datamodules.datasets.revisitop, opened with ``cfg.imsize`` and
     ``cfg.crop_queries``), then ``score``. Every process extracts its shard; every process gets the metrics."""
     t0 = time.perf_counter()
 
     def describe(bb, images):
-        return retrieval_descriptor(bb, images, cfg.multiscale, blocks)
+        return retrieval_descriptor(bb, images, cfg.multiscale, blocks, cfg.bf16)
 
     db = extract_descriptors(backbone, database, describe, 1, how)  # sizes differ: one image per batch (as DINO)
     q = extract_descriptors(backbone, queries, describe, 1, how)
@@ -169,21 +164,14 @@ def run_image_retrieval(backbone: nn.Module, database, queries, cfg: RetrievalCo
             "multiscale": cfg.multiscale, "crop_queries": cfg.crop_queries, "seconds": time.perf_counter() - t0}
 
 
-def run_image_retrieval_kind(ctx, cfg: RetrievalConfig, spec, logger) -> dict[str, Any]:
+def run_image_retrieval_kind(ctx, cfg: ImageRetrievalOptions, spec, logger) -> dict[str, Any]:
     """``KINDS[Kind.IMAGE_RETRIEVAL].runner``: the probe context's backbone, dataset (``roxford5k`` / ``rparis6k``
-    at DATA_ROOT) and options (``RetrievalConfig``); ``spec.blocks``: ``LAYER=k``."""
+    at DATA_ROOT) and options (``ImageRetrievalOptions``); ``spec.blocks``: ``LAYER=k``."""
     from datamodules import build_dataset
-
-    from .trainer import make_trainer
     database = build_dataset(ctx.dataset, Path(ctx.root), "database", imsize=cfg.imsize)
     queries = build_dataset(ctx.dataset, Path(ctx.root), "query", imsize=cfg.imsize, crop_queries=cfg.crop_queries)
-    how = Extraction(trainer=lambda: make_trainer(ctx.launch, ctx.progress, logger=False, enable_checkpointing=False))
-    out = run_image_retrieval(ctx.info.model, database, queries, cfg, how, spec.blocks)
-    if logger is not None:
-        for p, v in out["mAP"].items():
-            logger.experiment.add_scalar(f"image_retrieval/mAP_{p}", v, 0)
-        logger.experiment.flush()
-    return out
+    how = Extraction(launch=ctx.launch, progress=ctx.progress)
+    return run_image_retrieval(ctx.info.model, database, queries, cfg, how, spec.blocks)
 
 
 def summary_line(m: dict) -> str:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .seg_metric import SegmentationMetrics
+from probes.dense.seg_metric import SegmentationMetrics
 
 Reduce = Optional[Callable[[torch.Tensor], torch.Tensor]]
 
@@ -116,3 +116,22 @@ def run_ridge_probe(train_pairs: Iterable, val_pairs: Iterable, num_classes: int
     for feats, masks in val_pairs:
         probe.add_val(feats, masks if isinstance(masks, list) else list(masks))
     return {**probe.metrics(reduce), "solver": "ridge", "ridge_lambda": lam, "seconds": time.perf_counter() - t0}
+
+
+def run_ridge_kind(ctx, spec) -> dict[str, Any]:
+    """--solver ridge (segmentation, ``probes.core.kinds``): the closed-form probe that the pretraining's
+    DenseProbeCheck runs, in one process (fast: one pass over each split), on the GPU when there is one."""
+    from torch.utils.data import DataLoader
+
+    from datamodules.datamodule_base import dense_collate
+    from tokenmix.launch import on_gpu
+
+    from probes.core.features import FrozenFeatures
+    if ctx.launch.devices not in (None, 1, "1", "auto") or ctx.launch.num_nodes not in (None, 1):
+        raise ValueError("--solver ridge runs in one process: drop --devices / --num-nodes")
+    loaders = [DataLoader(ds, batch_size=ctx.dm.batch_size, shuffle=False, collate_fn=dense_collate)
+               for ds in (ctx.dm.train_set, ctx.dm.val_set)]
+    dev = torch.device("cuda" if on_gpu(ctx.launch.accelerator) else "cpu")
+    features = FrozenFeatures(ctx.info.model, spec).to(dev)
+    train, val = (((features(b["image"].to(dev)), b["mask"]) for b in loader) for loader in loaders)
+    return run_ridge_probe(train, val, ctx.dm.num_classes, ctx.options.ridge_lambda, features.out_dim)

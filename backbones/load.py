@@ -23,7 +23,7 @@ import torch
 
 from backbones import ARCHS, BackboneConfig, create_vit, read_checkpoint
 
-from .baselines import PixelBackbone
+from backbones.baselines import PixelBackbone
 
 BASELINES = ("random", "pixels")
 

@@ -9,7 +9,7 @@ in ``official/leopart.py``, which tests/test_probe_cluster.py compares with):
 3. the cluster map (h, w) and the masks (already at the input size) are resized to 100×100, nearest; pixels with
    the ignore label are dropped;
 4. K = number of classes: Hungarian matching on IoU; any other K: many-to-one, each cluster to the class with the
-   highest precision (which is its majority class; ``probes.matching``);
+   highest precision (which is its majority class; ``probes.headfree.matching``);
 5. mIoU over all classes, reported per seed and as mean ± std (population std) over the seeds.
 
 >>> resolve_ks("1x,2x,300", 21)
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .matching import confusion, hungarian, majority, matched_miou
+from probes.headfree.matching import confusion, hungarian, majority, matched_miou
 
 DEFAULT_MULTIPLES = (1, 2, 5, 10)  # K = multiples of the number of classes
 

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from datamodules.datamodule_base import DataModuleBase, dense_collate
 
-from .features import FeatureCache, FrozenFeatures
+from probes.core.features import FeatureCache, FrozenFeatures
 
 TARGET_KEYS = ("mask", "depth", "label")  # what the cache keeps beside the features
 
