@@ -1,21 +1,11 @@
-"""Self-attention with a swappable normaliser, as timm's ``attn_layer``.
+"""Self-attention with a swappable normaliser, as timm's ``attn_layer`` (subclass of timm's ``Attention``: the
+parameter names and init stay timm/DINO's).
 
-Subclasses timm's ``Attention`` so parameter names (``qkv``, ``proj``) and init stay timm/DINO's.
-Two additions:
-- ``normalizer`` (a constructor argument: its name, with ``alpha``/``bisect_iters`` for ``entmax_bisect`` and
-  ``entmax_backend`` for the fast CPU kernels): softmax through the fused ``scaled_dot_product_attention``;
-  entmax-1.5 and sparsemax through the Triton kernel ``triton_attention.sparse_attention`` on CUDA, the fused,
-  memory-lean ``entmax_fast.sparse_attention`` (fp32) elsewhere without autocast (same values); otherwise
-  (and whenever the weights are recorded, masked or dropped out) the explicit DINO lines
-  ``attn = (q @ k^T) * scale; attn = normalizer(attn); x = attn @ v``.
-- ``qkv_cls``: an optional separate q/k/v projection for the [CLS] token (CLS/patch specialization);
-  [CLS] and patches still attend jointly.
-``forward_queries(x, n)``: the first ``n`` output tokens only (every token still a key and value), for the
-last block of a ViT whose output is [CLS] (``backbones/block.py``).
-Set ``record = True`` to keep the last attention probabilities in ``last_attn`` (analysis, TensorBoard).
-
-timm builds the layer from ``attn_layer``; :func:`attention_layer` binds the constructor arguments:
-``VisionTransformer(..., attn_layer=attention_layer(normalizer="entmax15"))``.
+- ``normalizer``: softmax through the fused SDPA; entmax-1.5 and sparsemax through the Triton kernel on CUDA, the
+  fused ``entmax_fast.sparse_attention`` (fp32) elsewhere without autocast; otherwise (and whenever the weights
+  are recorded, masked or dropped out) DINO's explicit ``attn = normalizer((q @ k^T) * scale); x = attn @ v``.
+- ``qkv_cls``: an optional separate q/k/v projection for [CLS] (CLS/patch specialization; joint attention).
+- ``forward_queries(x, n)``: the first ``n`` output tokens only; ``record = True`` keeps ``last_attn``.
 """
 from __future__ import annotations
 

@@ -1,26 +1,13 @@
-"""The Triton attention's runtime canary: the first call of each combination in a process is checked on a few
-rows of its own input before the kernels are trusted with the rest of the run.
+"""The Triton attention's runtime canary: the first call of each combination (dtype, N queries, M keys,
+normaliser, with or without gradient) in a process is checked on ``ROWS`` query rows of its own input (item 0,
+head 0, every key) before the kernels are trusted with the rest of the run. Checked against the fp32 torch
+reference (``entmax_fast.sparse_attention``): the output and, with a gradient, dq, dk, dv within ``TOL[dtype]``
+(widened by the scores' own rounding, ``_rounding``); sum_k p = 1 within ``SUM_TOL`` from the saved (zmax, tau)
+in float64; every row's search ended before ``MAX_PASSES``.
 
-A combination is (dtype, N queries, M keys, normaliser, with or without gradient). On its first call
-``backbones.triton_attention.sparse_attention`` runs the production kernels on the first ``ROWS`` query rows of
-batch item 0, head 0 (every key), with the pass counter on, and checks
-
-- the output against the torch reference (``backbones.entmax_fast.sparse_attention`` in fp32 on the same rows):
-  max |o - ref| <= ``TOL[dtype]`` x max |v|; with a gradient also dq, dk, dv against autograd through the
-  reference, <= ``TOL[dtype]`` x their size (``_grad_errors``); every bound widened by what the scores' own fp32 /
-  tf32 rounding does to sum p (``_rounding``: large logits), so a right kernel never trips it;
-- the threshold: sum_k p = 1 (within ``SUM_TOL``) for p recomputed in float64 from the kernel's saved
-  (zmax, tau), over *every* key (a threshold the search left short of its root shows here);
-- every row's threshold search ended before ``MAX_PASSES`` (a row that hits it is slow, and may be wrong).
-
-On failure the run stops (:class:`CanaryError`, naming the combination, torch, Triton and the GPU), unless
-``TOKENMIX_TRITON_CANARY=fallback``: the combination then runs on the torch path (``entmax_fast``) for the rest
-of the process, and :func:`outcomes` (written to summary.json by the run summary) says so.
-``TOKENMIX_TRITON_CANARY=off`` skips the checks. Fake tensors (FakeTensorMode, ``torch.compile``'s tracing) are
-not checked: their values do not exist (a compiled run's canary is the eager first call, not the graph's).
-
-Cost: a dictionary lookup per call once a combination is known, a few milliseconds once per combination (at
-most 8 in a run): far below 0.1 % of a paper-preset run (docs/performance.md, "The Triton canary: its cost").
+On failure the run stops (:class:`CanaryError`), unless ``TOKENMIX_TRITON_CANARY=fallback`` (the combination
+then runs on the torch path, and :func:`outcomes`, written to summary.json, says so); ``=off`` skips the checks.
+Fake tensors are not checked (their values do not exist). Cost: docs/performance.md, "The Triton canary".
 """
 from __future__ import annotations
 

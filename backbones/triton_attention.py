@@ -10,40 +10,18 @@ CPU ``backbones.entmax_fast.sparse_attention``. Inputs fp16/bf16/fp32; products 
 threshold is fp32; the output has the input's dtype (the CPU op returns fp32 for 16-bit inputs). fp32 uses
 tf32 tensor cores when torch's float32 matmul precision allows them (as SDPA does), else exact fp32 products.
 
-Kernels (``backbones/triton_kernels.py``, ``triton_kernels_bwd.py``; block sizes in ``triton_plan._blocks``, measured
-for sm_90, docs/performance.md):
-- forward, one program per (64 query rows, batch*head), 4 warps each owning 16 whole rows (reductions stay in
-  the warp; products are wgmma). Up to 272 keys (ViT-S/16: 197, +4 registers: 201; at 256 px: 257; DINO's local
-  crops: 37) the row's scores stay in registers, in up to three tiles as narrow as powers of two allow (197:
-  128 + 64 + 16 keys, 257: 128 + 128 + 16, 37: 32 + 16): q k^T once, then register arithmetic only. Longer
-  rows recompute q k^T per pass, block by block (the last block only as wide as its keys need); their first
-  sweep finds the row max and a first threshold together (``_first_pass``: the closed form on the keys above
-  the running max - 1, or lower, the root of a normal model of every key's score).
-  1. row max of s = q k^T (padded keys: -inf as the product's initial accumulator); z = c s - c max in one
-     FMA, c = scale/2 (entmax-1.5) or scale (sparsemax): z <= 0, and tau lies in [-1, 0) as p <= 1;
-  2. tau from t = -1: each pass sums |S|, sum d, sum d^2 over S = {z > t}, d = z - t, and solves the closed
-     form on S (the quadratic sum (d - u)^2 = 1; sparsemax: sum (d - u) = 1); the root is tau exactly when no
-     key lies between t and t + u (S is then its support). Which side of tau t lies on is known from the pass
-     before (a root from a superset lies above tau), so each pass measures the nearest key on that side only:
-     min d over S, or the distance from t down to the nearest key outside S. Otherwise the next pass starts
-     from that root, which lies on the other side of tau (entmax-1.5) or below it (sparsemax, Michelot's
-     step). No fixed iteration count, no approximate tau; ``threshold_passes`` reports the passes per row
-     (``kernel_model.threshold_passes`` per 64-row program on real logits). Per score a pass is an FMA (sgn (t - z))
-     and a saturating add (max(z - t, 0): d <= 1), an add and an FMA for the sums, and two integer ops on the
-     FMA's bits (the side's count from its sign bit, the nearest key as an integer min). Block-wise rows
-     never form z: both FMAs take the raw score against w = c max + t (t snapped to w's rounding), so a
-     recomputed block costs no extra op (16-bit and tf32; exact fp32 forms z first: w would round t to c max's
-     ulp);
-  3. O = sum p v, written as (B, N, H, dv) (the layer's transpose back is free); only when a gradient is
-     needed also Og = sum g v / sum g (g = dp/dz up to a row constant) for the backward's delta: p and g from
-     one d = (z - tau)_+ per tile, sum g from the last pass's sums (no extra pass).
-- backward (recomputes p from q, k and the saved (zmax, tau), FlashAttention-style): ds = g (dp - delta),
-  dp = dO v^T, delta = sum(g dp)/sum(g) = rowsum(dO * Og). FlashAttention-2's five GEMMs: delta once per row
-  (a small kernel), then one program per key block over every query block for dK, dV, with dQ added
-  atomically in fp32 and cast by a last small kernel. Atomic adds make dQ's summation order vary from run to
-  run, so under ``torch.use_deterministic_algorithms(True)`` (the project's ``deterministic: true`` presets)
-  the backward is instead one kernel per key block for dK, dV and one per query block for dQ (no atomics;
-  seven GEMMs per tile pair). Key tiles where p = 0 in every row skip their products.
+Kernels: ``backbones/triton_kernels.py`` (forward), ``triton_kernels_bwd.py`` (backward); block sizes in
+``triton_plan._blocks`` (measured for sm_90). Design, pass counts and costs: docs/performance.md, "Triton kernel
+design". In short, per 64-row program (4 warps, 16 whole rows each):
+  1. row max of s = q k^T; z = c s - c max, c = scale/2 (entmax-1.5) or scale (sparsemax): z <= 0, tau in [-1, 0).
+     Up to 272 keys the row's scores stay in registers; longer rows recompute q k^T block by block.
+  2. tau from t = -1: each pass solves the closed form on S = {z > t} and is exact when no key lies between t and
+     the root on tau's side (known from the pass before). No fixed iteration count, no approximate tau;
+     ``threshold_passes`` reports the passes per row.
+  3. O = sum p v, written as (B, N, H, dv) (the layer's transpose back is free); when a gradient is needed also
+     Og = sum g v / sum g (g = dp/dz up to a row constant) for the backward's delta.
+The backward recomputes p from q, k and the saved (zmax, tau) (FlashAttention-2's five GEMMs, dQ added atomically
+in fp32); under ``torch.use_deterministic_algorithms(True)`` an atomic-free pair of kernels runs instead.
 q, k, v and dO are read through their strides (slices of the layer's fused qkv: no copies). The ops are
 ``torch.library`` custom ops (``tokenmix::triton_sparse_attention`` and ``..._bwd``) with fake kernels, so
 FakeTensorMode and ``torch.compile`` see one opaque op each.

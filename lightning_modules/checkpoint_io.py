@@ -1,22 +1,12 @@
-"""Checkpoint files of a training run: the Trainer plugin that writes and reads them (``AtomicCheckpointIO``:
-temporary file + fsync + rename via tokenmix.io), the kind a file records (``checkpoint_kind``), the RESUME point
-(``resume_point``) and the loop counters in the form Lightning resumes right (``epoch_end_form``).
+"""Checkpoint files of a training run: the atomic Trainer plugin (``AtomicCheckpointIO``, via tokenmix.io), the
+kind a file records (``checkpoint_kind``), the RESUME point (``resume_point``) and the loop counters in the form
+Lightning resumes right (``epoch_end_form``). Loading refuses truncated files and checkpoints of another kind;
+what a complete checkpoint holds is ``backbones.checkpoint.validate_lightning``'s knowledge.
 
-A crash or SIGKILL during a save leaves the previous file untouched; loading refuses truncated files and
-checkpoints of another kind, with a message saying what to do. What a complete checkpoint of each kind holds is
-``backbones.checkpoint``'s knowledge (``validate_lightning``: RESUME and this plugin both validate with it).
-``RESUME=1`` continues the newest ``last.ckpt`` of the variant whose checkpoint records the objective's kind,
-whatever its preset file is called.
-
-Loop counters: ``ModelCheckpoint(every_n_train_steps=...)`` saves in ``on_train_batch_end``. After an epoch's last
-batch that checkpoint says "epoch e started, not processed; last batch trained". Lightning 2.6's FitLoop restores
-it as RESTARTED_MID_EPOCH, bumps the epoch to processed in ``reset`` but stays in that stage, so
-``on_advance_start`` then trains epoch e + 1 without counting it ready / started: the resumed run's checkpoints
-read one epoch behind, and resuming one of those after the run ended trains an extra epoch. The same training
-point saved in ``on_train_epoch_end`` reads "processed = started, completed = processed - 1" (Lightning's
-RESUMED_ON_EPOCH_END stage, which then starts the next epoch normally). ``epoch_end_form`` rewrites the first
-form into the second; the modules call it on every checkpoint they save and load (files written before the
-fix, and those of runs resumed before it, whose counters read ready = started = processed, included).
+Why ``epoch_end_form``: a step checkpoint saved after an epoch's last batch reads "epoch e started, not
+processed"; Lightning 2.6 restores it as RESTARTED_MID_EPOCH and trains epoch e + 1 without counting it, so the
+resumed run's checkpoints read one epoch behind. The modules rewrite every checkpoint they save and load into
+the form an ``on_train_epoch_end`` save has ("processed = started, completed = processed - 1").
 """
 from __future__ import annotations
 

@@ -1,20 +1,8 @@
-"""Whole-model DINO update steps in a few multi-tensor kernels instead of one small kernel per parameter (on a GPU;
-on a CPU the EMA stays a per-parameter loop, which is faster there, see ``ema_``).
+"""Whole-model DINO update steps in a few multi-tensor kernels instead of one small kernel per parameter.
 
-Same maths as facebookresearch/dino ``utils.clip_gradients`` and the ``train_one_epoch`` teacher EMA (their
-per-parameter loops are transcribed in ``official/``, the tests' reference); nothing here reads a value back
-to the host on a GPU, so the step never waits for the device (on a CPU, where reading a value is free, the clip
-multiplies only the gradients it clips, as upstream, instead of all of them by ``min(coef, 1)``).
-
-    >>> import torch
-    >>> s = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2, 2))]
-    >>> s[0].grad, s[1].grad = torch.full((3,), 4.0), torch.zeros(2, 2)
-    >>> norms = clip_grad_norms_(s, clip=3.0)   # each gradient on its own: ||g|| <= 3
-    >>> [round(float(g.norm()), 4) for g in (s[0].grad, s[1].grad)]
-    [3.0, 0.0]
-    >>> t = [torch.zeros(3), torch.zeros(2, 2)]
-    >>> ema_(t, s, m=0.75); float(t[0][0])
-    0.25
+Same maths as facebookresearch/dino ``utils.clip_gradients`` and the ``train_one_epoch`` teacher EMA
+(transcribed in ``official/``); nothing reads a value back to the host on a GPU, so the step never waits for the
+device (on a CPU the clip multiplies only the gradients it clips, as upstream).
 """
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
 """Multi-device launch checks shared by ``make pretrain`` and ``make probe``, run in the launching process
-before Lightning starts any other process.
-
-    >>> from tokenmix.launch import ddp_strategy, refuse_unlaunched_multinode
-    >>> refuse_unlaunched_multinode(num_nodes=1)        # fine: one node needs no cluster launcher
-    >>> ddp_strategy("auto", accelerator="cpu", devices=1, num_nodes=1, timeout_min=10)
-    'auto'
-
-Cluster environments are Lightning's own classes (TorchElastic, SLURM, LSF, MPI, in Lightning's priority order),
-so what counts as "launched on a cluster" here is exactly what Lightning will use.
+before Lightning starts any other process. Cluster environments are Lightning's own classes, so "launched on a
+cluster" here is exactly what Lightning will use.
 """
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
-"""The one results schema: every probe, analysis and pretraining run writes a JSON file with the same top-level
-keys (``KEYS``); what is particular to one task lives under those keys.
-
-    >>> from tokenmix.results import backbone_entry, write_results
-    >>> write_results("runs/softmax/probe/voc/version_0", task="voc", variant="softmax", data="demo",
-    ...               backbone=backbone_entry({"arch": "vit_demo_patch8"}, "last.ckpt", "3f0c..."),
-    ...               metrics={"mIoU": 41.2}, config={"lr": 0.001})  # doctest: +SKIP
+"""The one results schema: every probe, analysis and pretraining run writes a JSON file with the top-level
+keys ``KEYS``; what is particular to one task lives under those keys.
 
 - ``task``: probe task (knn, voc, ...), analysis (pib, pca, ...) or ``pretrain`` / ``supervised``;
-- ``variant``: the run folder under runs/ (the variant, ``<variant>_random``, ``pixels`` or ``--name``): the
-  report's row;
-- ``data``: ``demo`` or the dataset name as passed to ``--data`` (the resolved dataset, root and split: ``config``);
+- ``variant``: the run folder under runs/ (the report's row); ``data``: ``demo`` or the ``--data`` name;
 - ``backbone``: ``{source, config, checkpoint, sha256}``; ``source`` is checkpoint | random | pixels | training;
-- ``metrics``: the numbers (probe layer sweeps: ``{"layers": {"block_k": {...}}}``; analyses also list their PNG
-  files under ``metrics["figures"]``);
+- ``metrics``: the numbers (layer sweeps: ``{"layers": {"block_k": {...}}}``; PNG files under ``"figures"``);
 - ``config``: the run's settings; ``created`` (UTC, ISO 8601) and ``host``.
 """
 from __future__ import annotations

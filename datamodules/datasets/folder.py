@@ -1,15 +1,11 @@
-"""``DATA=folder``: every image under a folder, recursively, in any format PIL opens; no labels, no class folders.
+"""``DATA=folder``: every image under a folder, recursively, in any format PIL opens; no labels, no splits.
 
-The *index* (sorted relative paths, their count and sha256) is built once per launch. During a pretraining the
-launching process (rank 0) scans and writes it beside the run (``<index_dir>/folder-index-<key>.json``, key = the
-folder, the file list and ``verify``) before any other process exists; the other ranks and every DataLoader worker
-read that file (or inherit the list) and never scan again. ``file_list``: a text file with one image path per line
-(relative to DATA_ROOT, or absolute) instead of the scan.
-
-Unreadable files are found while scanning (``verify=True``: every file decoded once, on threads) or when first read.
-Either way they are skipped, counted and listed (``data_report``; the pretraining's summary.json), and a share above
-``max_corrupt`` (default 1 %) stops the run with the list. A folder has no splits: every split name reads every image.
-With ``boxes=True`` (CorLoc, PiB) boxes come from VOC-style ``Annotations/<stem>.xml`` or a COCO ``instances.json``.
+The *index* (sorted relative paths, count, sha256) is built once per launch: rank 0 scans and writes it beside
+the run (``<index_dir>/folder-index-<key>.json``) before any other process exists, and the other ranks and
+workers read it. ``file_list``: one image path per line instead of the scan. Unreadable files (found by
+``verify=True`` or when first read) are skipped, counted and listed (``data_report``); a share above
+``max_corrupt`` (default 1 %) stops the run. ``boxes=True``: VOC-style ``Annotations/<stem>.xml`` or a COCO
+``instances.json``.
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""DINO multi-crop augmentation: 2 global + N local crops with the official colour/blur/solarize recipe.
-
-:class:`MultiCropTransform` is the fast implementation of facebookresearch/dino ``DataAugmentationDINO``: a uint8
-CHW tensor in, crop first then resize (work is proportional to the output size), photometric ops on float
-tensors, every random choice drawn from a ``torch.Generator`` so a sample is reproducible from its seed.
-Its parts: the recipe (``multicrop_config.py``), the random choices (``crop_plan.py``), the photometric
-kernels (``photometric.py``). The PIL reference it is tested and benchmarked against (official transforms,
-official randomness) is ``bench/pil_multicrop.py``.
+"""DINO multi-crop augmentation: the fast implementation of facebookresearch/dino ``DataAugmentationDINO``
+(uint8 CHW in, crop then resize, photometric ops on float, every random choice from a ``torch.Generator``).
+Parts: the recipe (``multicrop_config.py``), the draws (``crop_plan.py``), the kernels (``photometric.py``); the
+PIL reference it is tested against: ``bench/pil_multicrop.py``.
 """
 from __future__ import annotations
 
