@@ -1,16 +1,9 @@
 """Box geometry: mapping GT boxes through Resize + CenterCrop, box -> overlapped patches, IoU.
 
-Boxes are float xyxy in continuous pixel-edge coordinates, 0-based (the datamodules convert VOC's 1-based inclusive
-integers: xmin-1, ymin-1, xmax, ymax; a box covering the whole W x H image is (0, 0, W, H)).
-
-The resize/crop arithmetic reproduces torchvision's ``Resize(int)`` + ``CenterCrop`` exactly (the transform the
-pixels go through), which deviates in two small ways from LAST-ViT's ``bbox_to_patch_set``:
-  * per-axis scale new_w / w and new_h / h (torchvision truncates the long side to an int) instead of one
-    256 / min(w, h) factor: they differ by < 1 px;
-  * crop offset ``int(round((new - crop) / 2))`` as torchvision does, not ``(new - crop) // 2``: 1 px apart for
-    odd differences.
-Patch overlap: a patch counts if it shares positive area with the box. LAST-ViT's reference also counts the patch
-whose left/top edge the box merely touches (``int(x_max // p)`` when x_max is a multiple of p); we don't.
+Boxes are float xyxy pixel edges, 0-based (VOC's 1-based inclusive integers become xmin-1, ymin-1, xmax, ymax).
+The resize/crop arithmetic is torchvision's ``Resize(int)`` + ``CenterCrop`` exactly (what the pixels go
+through); a patch counts if it shares positive area with the box. Both deviate from LAST-ViT's
+``bbox_to_patch_set`` by at most 1 px (docs/analysis.md; ``reference_patch_mask`` is theirs).
 """
 from __future__ import annotations
 

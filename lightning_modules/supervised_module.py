@@ -1,16 +1,11 @@
 """Label-supervised classification of any variant, following LaSt-ViT's released recipe (cls_pretrain/conf.py).
 
-The linear ``head`` of the tokenmix ViT reads the final-norm [CLS] output (``softmax``, ``registers``,
-``entmax`` ...) or, for ``lastvit`` variants, the aggregated token; [CLS] is still prepended and attends.
-Optimiser and schedule as the release: AdamW(lr, betas (0.9, 0.95), weight decay on *every* parameter, as
-detectron2's ``get_default_optimizer_params`` with no overrides), lr x ``lr_multiplier``: linear warm-up over
-the first ``warmup_frac`` of the steps from ``warmup_factor`` x, then cosine 1 -> ``final_factor`` (detectron2's
-``WarmupParamScheduler(CosineParamScheduler(1, 0.001), 0.1, 0.01)`` evaluated at ``step / total_steps``).
-Plain cross-entropy. Checkpoints: ``state_dict`` keys ``backbone.*`` (head included) and
-``tokenmix = {"kind": "supervised", "backbone": <config without the head>, "num_classes": n}``, so
-``backbones.backbone_from_checkpoint`` gives probes and analyses the feature backbone.
-
-    model = SupervisedModule(arch="vit_demo_patch8", variant="lastvit", num_classes=8, epochs=6)
+The linear ``head`` reads the final-norm [CLS] output or, for ``lastvit`` variants, the aggregated token.
+AdamW(lr, betas (0.9, 0.95), weight decay on *every* parameter, as detectron2's
+``get_default_optimizer_params`` with no overrides); lr x ``lr_multiplier``: detectron2's
+``WarmupParamScheduler(CosineParamScheduler(1, 0.001), 0.1, 0.01)`` at ``step / total_steps``. Plain
+cross-entropy. Checkpoints record ``tokenmix = {"kind": "supervised", "backbone": <config without the head>,
+"num_classes": n}``, so ``backbones.backbone_from_checkpoint`` gives probes the feature backbone.
 """
 from __future__ import annotations
 

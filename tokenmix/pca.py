@@ -1,15 +1,8 @@
-"""PCA maps of patch features: the first principal components of the patch tokens shown as RGB.
-
-Protocol (as in the entmax paper's figures and DINOv2's PCA visualisation):
-  * fit the PCA on all patches of the set (``joint=True``, colours comparable across images) or on each image alone;
-  * every component is min-max scaled to [0, 1] over the patches it was fitted on;
-  * optional foreground threshold: scale the first component to [0, 1], keep patches above ``fg_threshold`` as
-    foreground, fit a second PCA on the foreground patches only and colour them; background is black.
-
-The sign of a principal component is arbitrary. We fix it deterministically (largest-magnitude loading positive,
-like scikit-learn's ``svd_flip``) so maps do not flip colours between runs. For the foreground split the first
-component is additionally oriented so that the image border (mostly background in object-centric data) scores
-low; without this the threshold would select background half the time.
+"""PCA maps of patch features: the first principal components of the patch tokens shown as RGB (the entmax
+paper's figures, DINOv2's visualisation; protocol: docs/analysis.md, "PCA maps"). Signs are fixed (largest
+loading positive, as scikit-learn's ``svd_flip``) so colours do not flip between runs; for the foreground split
+the first component is oriented so the image border scores low, else the threshold would pick background half
+the time.
 """
 from __future__ import annotations
 
