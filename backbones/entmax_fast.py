@@ -1,18 +1,14 @@
 """Fast exact entmax-1.5 and sparsemax for attention: ``entmax15(scores, dim=-1)``, ``sparsemax(scores, dim=-1)``.
 
-Same values and gradients as ``entmax.entmax15`` / ``entmax.sparsemax`` (to float rounding), without their
-full sort: Newton steps from below (never overshooting, so {z > tau} contains the true support), finished by
-the closed-form root on that support when it is consistent with it (then exact); rows that do not settle
-use the sort-based formula. The backward saves only the output Y.
-:func:`sparse_attention` goes further for attention: it saves q, k, v and 2 numbers per row, not Y.
+Same values and gradients as ``entmax.entmax15`` / ``entmax.sparsemax`` (to float rounding), without their full
+sort: Newton steps from below (so {z > tau} contains the true support), finished by the closed-form root on that
+support when it is consistent (then exact); rows that do not settle use the sort-based formula. The backward
+saves only Y; :func:`sparse_attention` saves q, k, v and 2 numbers per row instead.
 
-Backends, the ``backend`` argument of every op (default :data:`DEFAULT_BACKEND`; a ViT takes it as
-``create_vit(..., entmax_backend=...)``):
-- ``cpp``: backbones/csrc/entmax_fast.cpp, SIMD loops per row over torch's OpenMP threads, built at first use
-  (``-O3 -march=native``) and cached under ``~/.cache/tokenmix`` per source, flags, compiler and CPU features.
-- ``torch``: the same algorithm in vectorised PyTorch; any device (GPU included), any float dtype.
-- ``auto`` (default): ``cpp`` for CPU tensors when it builds, else ``torch`` (one warning if the build fails).
-Inputs in fp16/bf16 are computed in fp32; the result is fp32 (fp64 stays fp64).
+``backend`` (default :data:`DEFAULT_BACKEND`; ``create_vit(..., entmax_backend=...)``): ``cpp`` =
+backbones/csrc/entmax_fast.cpp, built at first use (``-O3 -march=native``, cached under ``~/.cache/tokenmix``);
+``torch`` = the same algorithm in PyTorch, any device; ``auto`` = ``cpp`` for CPU tensors when it builds, else
+``torch``. fp16/bf16 inputs are computed in fp32 and return fp32.
 """
 from __future__ import annotations
 
