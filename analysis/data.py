@@ -1,10 +1,6 @@
-"""Images (and boxes) for the analyses, through the DataModule layer the probes use, plus the eval transforms.
-
-Two image pipelines:
-  * ``eval_crop``: Resize(short side -> resize, bicubic) + CenterCrop(crop) + ImageNet normalisation: the
-    DINO evaluation view (PCA, norms, attention); PiB resizes bilinear as LaSt-ViT's ``T.Resize(256)``; boxes
-    follow through ``analysis.boxes``;
-  * ``full_res``: the whole image, normalised, zero-padded bottom/right to a multiple of the patch size (LOST).
+"""Images (and boxes) for the analyses, through the DataModule layer the probes use, plus two views:
+``eval_crop`` (DINO's Resize + CenterCrop + normalisation; PiB resizes bilinear as LaSt-ViT's ``T.Resize(256)``)
+and ``full_res`` (the whole image, zero-padded bottom/right to a multiple of the patch size: LOST).
 """
 from __future__ import annotations
 

@@ -108,9 +108,6 @@ class DataModuleBase(pl.LightningDataModule):
         dataset_kwargs: extra options for the dataset (e.g. {"split_file": ...}, {"boxes": "auto"}).
         skip_corrupt: skip and count unreadable samples instead of raising.
         max_samples: keep that many evenly spaced samples of each split (None: all).
-
-    >>> dm = DataModuleBase("demo_voc", "", train_split="", val_split="val")   # doctest: +SKIP
-    >>> dm.setup("validate"); dm.val_set[0].keys()                            # doctest: +SKIP
     """
 
     def __init__(self, data: str, data_root: str = "", train_split: str = "train", val_split: str = "val",

@@ -1,9 +1,5 @@
 """Where runs live: ``runs/<variant>/<kind>/...`` (TensorBoard: ``make tensorboard``), the newest pretraining
 checkpoint of a variant and claiming a fresh ``version_N`` folder.
-
-    >>> from tokenmix.paths import claim_version_dir
-    >>> claim_version_dir(RUNS / "softmax" / "probe" / "voc")  # doctest: +SKIP
-    PosixPath('.../runs/softmax/probe/voc/version_3')
 """
 from __future__ import annotations
 
