@@ -56,10 +56,7 @@ def map_boxes(boxes: torch.Tensor, rc: ResizeCrop, clip: bool = True) -> torch.T
 
 
 def boxes_to_patch_mask(boxes: torch.Tensor, grid: tuple[int, int], patch_size: int) -> torch.Tensor:
-    """(h*w,) bool, row-major: patches sharing positive area with ANY of the boxes (K, 4) in crop pixels.
-
-    A box with no area (cropped away, degenerate) selects nothing.
-    """
+    """(h*w,) bool, row-major: patches sharing positive area with ANY of the boxes (K, 4) in crop pixels."""
     h, w = int(grid[0]), int(grid[1])
     b = torch.as_tensor(boxes, dtype=torch.float64).reshape(-1, 4)
     p = float(patch_size)
@@ -76,12 +73,9 @@ def boxes_to_patch_mask(boxes: torch.Tensor, grid: tuple[int, int], patch_size: 
 def reference_patch_mask(boxes: torch.Tensor, w: int, h: int, resize: int = 256, crop: int = 224,
                          patch_size: int = 16) -> torch.Tensor:
     """(n*n,) bool: the union over ``boxes`` (K, 4, original pixels) of LaSt-ViT's ``bbox_to_patch_set``
-    (``visualization/evaluate_patch_hit.py``), with its own arithmetic rather than torchvision's: resized sizes
-    truncated by ``int()``, crop offsets floor-halved, box corners clamped to [0, crop] (a box the crop removes
-    still selects the border patches it is clamped onto), and every patch from the one holding the min corner
-    to the one holding the max corner (a box ending exactly on a patch edge takes the next patch too).
-    ``--pib-rule reference``; the default is ``boxes_to_patch_mask`` (positive overlap after torchvision's
-    exact resize and crop), see README's deviations."""
+    (``visualization/evaluate_patch_hit.py``) with its arithmetic: ``int()``-truncated sizes, floor-halved crop
+    offsets, corners clamped to [0, crop], every patch from the min corner's to the max corner's (``--pib-rule
+    reference``; README's deviations)."""
     n = crop // patch_size
     scale = float(resize) / min(w, h)
     left, top = (int(w * scale) - crop) // 2, (int(h * scale) - crop) // 2

@@ -49,11 +49,9 @@ class Sample:
 
 
 def open_dataset(data: str, data_root: str | None, split: str, boxes: bool, **kw):
-    """Split ``split`` of the dataset behind DATA/DATA_ROOT, items as stored (plus "index"), opened by the same
-    DataModule layer as the probes (``datamodules.resolve_data`` + ``DataModuleBase``). DATA=demo -> the generated
-    demo VOC (with boxes), in DATA_ROOT when given, else data/demo. DATA=folder: any folder of images, with boxes
-    from its Annotations/ (VOC-style XML) or instances.json (COCO) when the analysis needs them. A map-style
-    Dataset."""
+    """Split ``split`` of the dataset behind DATA/DATA_ROOT (``datamodules.resolve_data``), items as stored plus
+    "index": DATA=demo is the generated demo VOC (with boxes); DATA=folder takes boxes from Annotations/ or
+    instances.json when the analysis needs them."""
     from datamodules import resolve_data
     from datamodules.datamodule_base import DataModuleBase
 

@@ -94,11 +94,8 @@ def _mixture_pdf(x: float, g: dict[str, float]) -> float:
 
 
 def high_norm_mode(norms: torch.Tensor | np.ndarray) -> dict:
-    """Detect the high-norm mode of a set of token norms (see module docstring).
-
-    Returns {"bimodal": bool, "share": float, "threshold": float | None, "ashman_d": float, "gmm": {...},
-    "mask": bool array shaped like ``norms``}.
-    """
+    """The high-norm mode of token norms (docs/analysis.md): {"bimodal", "share", "threshold" (or None),
+    "ashman_d", "gmm", "mask" (bool, shaped like ``norms``)}."""
     n = norms.detach().cpu().numpy() if isinstance(norms, torch.Tensor) else np.asarray(norms)
     shape = n.shape
     n = n.astype(np.float64).ravel()

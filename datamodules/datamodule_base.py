@@ -99,16 +99,9 @@ class ShardSampler(DistributedSampler):
 
 class DataModuleBase(pl.LightningDataModule):
     """Subclasses give ``default_transforms() -> (train, val)``; the base class gives the items as stored.
-
-    Args:
-        data: dataset name for ``datamodules.build_dataset`` (``demo_*`` for the generated data).
-        data_root: dataset folder ('' = not given: an error naming the expected layout, except for demo_*).
-        train_split / val_split: split names of that dataset ('' = none).
-        train_transform / val_transform: dict -> dict callables; None = the protocol defaults.
-        dataset_kwargs: extra options for the dataset (e.g. {"split_file": ...}, {"boxes": "auto"}).
-        skip_corrupt: skip and count unreadable samples instead of raising.
-        max_samples: keep that many evenly spaced samples of each split (None: all).
-    """
+    ``data_root`` '' = not given (an error naming the layout, except for demo_*); split names '' = none;
+    transforms None = the protocol defaults; ``dataset_kwargs``: extra dataset options (e.g. ``{"boxes":
+    "auto"}``); ``max_samples``: that many evenly spaced samples of each split (None: all)."""
 
     def __init__(self, data: str, data_root: str = "", train_split: str = "train", val_split: str = "val",
                  batch_size: int = 32, num_workers: int = 0, train_transform: Optional[Callable] = None,

@@ -78,8 +78,8 @@ def eval_settings(name: str) -> EvalSettings:
 
 
 def settings_mask(settings: EvalSettings, depth: torch.Tensor) -> torch.Tensor:
-    """Bool mask of the pixels that count under ``settings``: the clip first (a 12 m pixel counts, as 8 m), then
-    the crop AND min < gt < max."""
+    """Bool mask (shaped like ``depth``) of the pixels that count. ``crop``: True = the dataset's standard crop,
+    False/None none, or a name ('eigen', 'garg', ...); the dataset's clip (SUN RGB-D 8 m) applies first."""
     lo, hi, crop, clip = settings
     if clip is not None:
         depth = depth.clamp(max=clip)

@@ -87,9 +87,8 @@ class Progress:
 
 
 class StudyBoard:
-    """The study's TensorBoard run (<study>/tensorboard): progress scalars while it runs; at the end the cell
-    means per variant, every seed's value, and a text table linking each cell to its run folder. Each invocation
-    replaces the previous one's events (the numbers are re-logged in full from the finished cells)."""
+    """The study's TensorBoard run (<study>/tensorboard): progress scalars, then per-variant cell means, every
+    seed's value and a table linking cells to run folders; each invocation replaces the previous events."""
 
     def __init__(self, folder: Path):
         from torch.utils.tensorboard import SummaryWriter

@@ -168,13 +168,9 @@ class MMSegMeta:
 
 
 class BaseDataset(Dataset):
-    """A list of sample records plus ``load(record) -> item``.
-
-    Subclasses fill ``self.samples`` in ``__init__`` and implement ``load``. A per-sample problem raises a
-    ``SampleError`` subclass naming the file; with ``skip_corrupt=True`` it is logged, recorded in ``skipped``
-    (path -> reason; ``num_skipped`` counts files) and the next sample is returned instead. With DataLoader
-    workers each worker keeps its own record: run ``python -m datamodules.check`` for the full list.
-    """
+    """A list of sample records (``self.samples``, filled by subclasses) plus ``load(record) -> item``. A per-sample
+    ``SampleError`` is raised, or with ``skip_corrupt=True`` logged, recorded in ``skipped`` (path -> reason; per
+    DataLoader worker) and the next sample returned (``python -m datamodules.check`` lists them all)."""
 
     name = "base"
     LAYOUT = ""

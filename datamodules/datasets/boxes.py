@@ -15,13 +15,9 @@ from ..errors import CorruptFileError, SplitFileError
 
 
 def parse_xml_boxes(path: Path, one_based: bool) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """(boxes, names, difficult) from a VOC-style annotation XML.
-
-    one_based=True (PASCAL VOC): the devkit doc says the top-left pixel is (1, 1) and xmax/ymax are the last
-    pixel inside the box, so pixel edges are (xmin - 1, ymin - 1, xmax, ymax).
-    one_based=False (ILSVRC): the files document no origin; values are used unchanged as pixel edges
-    (at most 1 px off either way, far below a 16 px patch).
-    """
+    """(boxes, names, difficult) from a VOC-style annotation XML. ``one_based=True`` (PASCAL VOC's devkit: pixels
+    from (1, 1), xmax/ymax inside the box): edges (xmin - 1, ymin - 1, xmax, ymax); False (ILSVRC, no documented
+    origin): unchanged (at most 1 px off, far below a patch)."""
     try:
         tree = ET.parse(path)
     except FileNotFoundError as e:

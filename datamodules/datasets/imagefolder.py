@@ -17,4 +17,3 @@ class ImageFolderDataset(ImageNetDataset):
     LAYOUT = LAYOUT
     SOURCE = "your own data (docs/data.md 'Your own data')"
     OFFICIAL_COUNTS: dict[str, int] = {}
-    OFFICIAL_NUM_CLASSES = 0

@@ -25,7 +25,6 @@ class KITTIDataset(DepthDataset):
     METAINFO = {"classes": (), "depth_scale": 256.0}
     SPLITS = ("test", "train")
     OFFICIAL_COUNTS = {"test": 652}
-    OFFICIAL_LINES = {"test": 697}
     DEPTH_SCALE = 256.0
     SPLIT_LISTS = {"test": "eigen_test_files_with_gt.txt", "train": "eigen_train_files_with_gt.txt"}
 

@@ -73,10 +73,9 @@ def unpack_params(rows: np.ndarray, cfg: MultiCropConfig) -> list[CropParams]:
 
 @dataclass
 class DecodedBatch:
-    """A batch of decoded images and their drawn crops. ``pixels``: flat uint8, image b's (3, H, W) bytes at
-    offset sum(3 H W of the images before it), then zero padding; ``shapes`` (B, 2) H, W and ``params``
-    (B, n_crops, columns) stay numpy on the host (Lightning moves only tensors), so reading them needs no
-    device sync."""
+    """Decoded images and their drawn crops. ``pixels``: flat uint8, each image's (3, H, W) bytes end to end, then
+    zero padding; ``shapes`` (B, 2) and ``params`` (B, n_crops, columns) stay numpy on the host (Lightning moves
+    only tensors), so reading them needs no device sync."""
     pixels: torch.Tensor
     shapes: np.ndarray
     params: np.ndarray

@@ -61,11 +61,8 @@ def sample_crop_box(height: int, width: int, scale: Sequence[float], ratio: Sequ
 
 def sample_params(cfg: MultiCropConfig, height: int, width: int,
                   g: torch.Generator | None = None) -> list[CropParams]:
-    """All random choices for one image, globals first (global 1, global 2, then the locals).
-
-    One ``torch.rand`` call per image (a fixed number of uniforms per crop, whatever the probabilities),
-    then plain Python: drawing them one by one cost more than the crops of a small image.
-    """
+    """All random choices for one image, globals first: one ``torch.rand`` call (a fixed number of uniforms per
+    crop), then plain Python (drawing one by one cost more than the crops of a small image)."""
     b, c, s, h = cfg.jitter_strengths
     strengths = (b, c, s, h)
     kinds = ["global1", "global2"] + ["local"] * cfg.n_local

@@ -41,14 +41,9 @@ def _channels_last(img: torch.Tensor) -> torch.Tensor:
 
 
 class MultiCropTransform:
-    """Fast DINO multi-crop on uint8 tensors: ``t(img_uint8_chw, generator=None) -> [global1, global2, *locals]``.
-
-    Each output is a normalised float32 (3, size, size) tensor. Crop boxes, flips, jitter factors and order,
-    grayscale, blur sigma and solarize are drawn from ``generator`` (default: torch's global RNG) in a fixed
-    order, so the same generator state gives the same crops.
-    Deviations from the PIL reference: photometric ops run on float32 after the (uint8, bicubic, antialiased)
-    resize, so there is no 8-bit rounding between ops; blur uses PIL's kernel (see :func:`gaussian_blur`).
-    """
+    """``t(img_uint8_chw, generator=None) -> [global1, global2, *locals]``, normalised float32 (3, size, size).
+    Every draw comes from ``generator`` (default: torch's global RNG) in a fixed order. Deviations from PIL:
+    photometric ops run on float32 after the uint8 resize (no 8-bit rounding between ops)."""
 
     def __init__(self, config: MultiCropConfig | None = None, **kwargs):
         if config is not None and kwargs:
@@ -77,12 +72,8 @@ class MultiCropTransform:
 
     @staticmethod
     def crop_resize(img: torch.Tensor, p: CropParams) -> torch.Tensor:
-        """Crop ``p.box`` then resize to ``p.size`` (bicubic, antialiased like PIL): uint8 (3, size, size).
-
-        ``img``: uint8 (3, H, W), or (1, 3, H, W) channels-last as :func:`_channels_last` gives; torch's uint8
-        antialiased resize is ~3x faster on channels-last input. Only the crop is read, so the cost follows
-        the crop, not the image.
-        """
+        """Crop ``p.box`` then resize to ``p.size`` (bicubic, antialiased like PIL): uint8 (3, size, size). ``img``:
+        (3, H, W), or (1, 3, H, W) channels-last (torch's uint8 resize is ~3x faster on it); only the crop is read."""
         x = img if img.ndim == 4 else _channels_last(img)
         top, left, h, w = p.box
         out = torch_F.interpolate(x[:, :, top:top + h, left:left + w], size=(p.size, p.size), mode="bicubic",

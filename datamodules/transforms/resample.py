@@ -134,12 +134,9 @@ def _gather(flat: torch.Tensor, geom: torch.Tensor, pad_h: int, pad_w: int) -> t
 def resize_crops(flat: torch.Tensor, geom: torch.Tensor, out_size: int,
                  chunks: list[tuple[int, int, int, int]]) -> torch.Tensor:
     """Crop + resize + flip of n crops: float32 (n, 3, out_size, out_size) holding uint8 levels 0..255.
-
-    ``geom``: (n, 8) int64 on the device, per crop (image offset in ``flat``, image H, image W, top, left,
-    crop h, crop w, flip). ``chunks``: host-known (start, stop, pad_h, pad_w) row ranges covering ``geom`` in
-    order, pad_h / pad_w >= every crop's h / w in the range (they size the buffers; see :func:`chunk_rows`).
-    The weight tables are built once for all crops, each chunk is one gather and two matmuls.
-    """
+    ``geom``: (n, 8) int64 per crop (offset in ``flat``, H, W, top, left, h, w, flip). ``chunks``: host-known
+    (start, stop, pad_h, pad_w) row ranges covering ``geom`` (see :func:`chunk_rows`); each is one gather and
+    two matmuls."""
     n = len(geom)
     taps = max_taps(max(max(c[2], c[3]) for c in chunks), out_size)
     flip = torch.cat([geom[:, 7].bool(), torch.zeros_like(geom[:, 7], dtype=torch.bool)])

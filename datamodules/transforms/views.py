@@ -53,11 +53,8 @@ def eval_view(img: torch.Tensor, crop: int, resize: int | None = None) -> torch.
 def random_resized_crop_box(height: int, width: int, scale: Sequence[float], ratio: Sequence[float],
                             draw: Callable[[], tuple[float, float]],
                             place: Callable[[int, int], tuple[int, int]], tries: int = 10) -> tuple[int, int, int, int]:
-    """torchvision ``RandomResizedCrop.get_params``: (top, left, height, width).
-
-    ``draw()`` gives one try's (area share in ``scale``, aspect ratio in ``ratio``); ``place(H - h, W - w)`` the
-    offsets of an accepted box. After ``tries`` misses: the central crop with the ratio clamped to ``ratio``.
-    """
+    """torchvision ``RandomResizedCrop.get_params``: (top, left, height, width). ``draw()``: one try's (area share,
+    aspect ratio); ``place(H - h, W - w)``: an accepted box's offsets; after ``tries`` misses the central crop."""
     area = height * width
     for _ in range(tries):
         share, aspect = draw()
