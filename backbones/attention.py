@@ -112,11 +112,6 @@ def _bound_class(bound: tuple) -> type:
 
 
 def attention_layer(**kwargs) -> type:
-    """``functools.partial(TokenMixAttention, **kwargs)`` in the form timm's ``attn_layer`` accepts: timm 1.0
-    calls ``issubclass(attn_layer, ...)``, so it must be a class. One class per argument set; picklable.
-
-    >>> layer = attention_layer(normalizer="entmax15")(64, num_heads=2)
-    >>> layer.normalizer.fused_kind
-    'entmax15'
-    """
+    """``functools.partial(TokenMixAttention, **kwargs)`` as a class (timm 1.0 calls ``issubclass(attn_layer,
+    ...)``); one class per argument set, picklable."""
     return _bound_class(tuple(sorted((k, str(v) if isinstance(v, str) else v) for k, v in kwargs.items())))

@@ -350,13 +350,10 @@ class _SparseAttentionFn(torch.autograd.Function):
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                      kind: str = "entmax15", backend: str = DEFAULT_BACKEND) -> torch.Tensor:
-    """``normaliser((q @ k^T) * scale) @ v`` for q (..., N, d), k (..., M, d), v (..., M, dv), with
-    normaliser entmax-1.5 or sparsemax over the keys; memory like fused softmax attention.
-
-    Same values and gradients as the unfused three lines, but the backward keeps only q, k, v and two numbers
-    per query row, not the (N x M) probabilities (recomputed exactly). Logits, normaliser and products run in
-    fp32 (fp64 stays fp64), as does the output. No mask, no attention dropout: use the unfused path for those.
-    """
+    """``normaliser((q @ k^T) * scale) @ v`` for q (..., N, d), k (..., M, d), v (..., M, dv), normaliser entmax-1.5
+    or sparsemax over the keys. Same values and gradients as the unfused lines, but the backward keeps only q, k,
+    v and two numbers per row (the probabilities are recomputed exactly). fp32 throughout (fp64 stays fp64); no
+    mask, no attention dropout."""
     if kind not in ("entmax15", "sparsemax"):
         raise ValueError(f"sparse_attention kind must be 'entmax15' or 'sparsemax', got '{kind}'")
     if q.dim() < 2 or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:

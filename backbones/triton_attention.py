@@ -221,12 +221,9 @@ def threshold_passes(scores: Tensor, kind: str = "entmax15", single: bool | None
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                      kind: str = "entmax15") -> torch.Tensor:
-    """``normaliser((q @ k^T) * scale) @ v`` over the keys, normaliser entmax-1.5 or sparsemax, in Triton.
-
-    q (..., N, d), k (..., M, d), v (..., M, dv), same leading dims, on CUDA (or CPU under
-    ``TRITON_INTERPRET=1``). Mixed dtypes are cast to the autocast dtype when autocast is on, else to
-    q's dtype. No mask and no attention dropout (the attention layer's unfused path covers those).
-    """
+    """``normaliser((q @ k^T) * scale) @ v``, normaliser entmax-1.5 or sparsemax, in Triton: q (..., N, d),
+    k (..., M, d), v (..., M, dv) on CUDA (or CPU under ``TRITON_INTERPRET=1``), cast to the autocast dtype when
+    autocast is on, else to q's. No mask and no attention dropout."""
     if kind not in ("entmax15", "sparsemax"):
         raise ValueError(f"sparse_attention kind must be 'entmax15' or 'sparsemax', got '{kind}'")
     if q.dim() < 2 or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or \

@@ -39,14 +39,10 @@ def lr_multiplier(where: float, warmup_frac: float = 0.01, warmup_factor: float 
 
 
 class SupervisedModule(pl.LightningModule):
-    """Args:
-        arch, variant, backbone, variant_options: as ``DINOPretrainModule`` (``backbones.create_vit``).
-        num_classes: classifier outputs (must equal the dataset's class count; checked at fit start).
-        lr, betas, weight_decay: AdamW (weight decay on every parameter, as the release).
-        warmup_frac, warmup_factor, final_factor: ``lr_multiplier``. epochs: schedule length (linked to
-            trainer.max_epochs by the CLI). label_smoothing: 0 in the release. clip_grad: global-norm clip
-            (0 = off, as the release). zero_init_head: torchvision's head init (zeros).
-    """
+    """Args: arch, variant, backbone, variant_options as ``DINOPretrainModule``; num_classes must equal the
+    dataset's (checked at fit start); AdamW with weight decay on every parameter, clip_grad a global-norm clip
+    and label_smoothing 0, as the release; warmup_frac, warmup_factor, final_factor: ``lr_multiplier``;
+    zero_init_head: torchvision's (zeros)."""
 
     def __init__(self, arch: str = "vit_base_patch16", variant: str = "lastvit",
                  backbone: Optional[dict[str, Any]] = None, variant_options: Optional[dict[str, Any]] = None,

@@ -84,11 +84,9 @@ class LossSummary(pl.Callback):
 
 
 class RunSummary(LossSummary):
-    """DINO: loss at the start vs the end, the collapse watch verdict and the k-NN numbers. Collapse: per-image
-    teacher entropy near ln K (uniform) or batch-mean entropy near 0 (one prototype for every image).
-
-    Reads ``collapse/*`` (the module's statistics steps) and ``knn/*`` (``KNNCheck``, placed before this callback)
-    besides the loss, and the ``summary_entries`` of other callbacks (``DenseProbeCheck``: its series)."""
+    """DINO: loss at the start vs the end, the collapse verdict (per-image teacher entropy near ln K, or batch-mean
+    entropy near 0) and the k-NN numbers, from ``collapse/*``, ``knn/*`` (``KNNCheck`` runs before this callback)
+    and other callbacks' ``summary_entries``."""
 
     objective = "dino"
 
