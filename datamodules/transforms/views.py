@@ -1,17 +1,11 @@
-"""The data views every protocol shares, each written once:
-
-* ``IMAGENET_MEAN`` / ``IMAGENET_STD`` and :func:`normalize` (DINO / timm input normalisation);
-* the DINO evaluation view, Resize(short side -> ``crop * 256/224``, bicubic) + CenterCrop(``crop``):
-  :func:`eval_resize` (the resize for a crop), :func:`eval_view` (uint8 image in, uint8 view out);
-  ``ResizeCenterCrop`` (``transforms/classification.py``) is the same view on a dict item (masks, boxes);
-* :func:`random_resized_crop_box`, torchvision's ``RandomResizedCrop.get_params`` search, fed by the caller's
-  randomness (the multi-crop plan draws it from one tensor of uniforms, the linear-probe view one by one).
+"""The data views every protocol shares, each written once: ``IMAGENET_MEAN`` / ``IMAGENET_STD`` and
+:func:`normalize`; DINO's evaluation view, Resize(short side -> ``crop * 256/224``, bicubic) + CenterCrop(``crop``)
+(:func:`eval_resize`, :func:`eval_view`; ``ResizeCenterCrop`` is the same on a dict item); and
+:func:`random_resized_crop_box`, torchvision's ``RandomResizedCrop.get_params`` fed by the caller's randomness.
 
 >>> img = torch.randint(0, 256, (3, 80, 100), dtype=torch.uint8)
 >>> eval_view(img, 64).shape                       # short side -> eval_resize(64) = 73, then the 64 px centre
 torch.Size([3, 64, 64])
->>> normalize(eval_view(img, 64)).dtype
-torch.float32
 """
 from __future__ import annotations
 
