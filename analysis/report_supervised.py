@@ -1,8 +1,6 @@
 """The label-supervised section of ``make report``: one row per supervised run (newest summary.json of each
 variant and data source under runs/<variant>/pretrain/supervised*/), and LaSt-ViT's published figures as
 reference rows. Cells nobody measured say "not run"; nothing is filled in.
-
-    lines = supervised_section(Path("runs"))   # markdown lines, appended to reports/report.md
 """
 from __future__ import annotations
 

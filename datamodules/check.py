@@ -1,8 +1,7 @@
 """``python -m datamodules.check --task <dataset> --data-root R`` (make check-data): decode every file of every
-split, print counts next to the official ones and list every missing, corrupt or out-of-range file.
-
-Exit code 0: everything present decodes and is in range. 1: at least one problem (or nothing found).
-Count differences from the official numbers are warnings (a partial copy is legitimate) unless --strict-counts.
+split, print counts next to the official ones and list every missing, corrupt or out-of-range file. Exit code 1
+on any problem (or nothing found); count differences are warnings (a partial copy is legitimate) unless
+--strict-counts.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """Shared Lightning DataModule of the evaluation protocols: dataset name + root + splits + protocol view + loaders.
 
-Every process reads a fixed shard of each split (:class:`ShardSampler`): training shards have equal lengths, so every
-process takes the same number of steps; evaluation shards hold every sample exactly once (no padding, so a metric
-summed over processes counts no sample twice). Items carry ``"index"``, their position in the split (the key of the
-probes' feature cache; the predict outputs are gathered back into split order with it).
+Every process reads a fixed shard of each split (:class:`ShardSampler`): equal lengths for training (the same
+step count everywhere), every sample exactly once for evaluation (no padding: no sample counted twice). Items
+carry ``"index"``, their position in the split (the feature cache's key; predict outputs are gathered with it).
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""DINO projection head and the multi-crop wrapper, matching facebookresearch/dino (vision_transformer.py).
-
-Official state-dict keys are kept: ``mlp.<i>.weight/bias`` and ``last_layer.weight_g/weight_v``.
+"""DINO projection head and the multi-crop wrapper, as facebookresearch/dino's vision_transformer.py, with its
+state-dict keys (``mlp.<i>.weight/bias``, ``last_layer.weight_g/weight_v``).
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """What ``make pretrain OBJECTIVE=...`` chooses (``OBJECTIVES``): the LightningModule and DataModule LightningCLI
 builds, the presets, the checkpoint kind, and the check each objective makes once its objects exist.
-
-    >>> OBJECTIVES["supervised"].default_preset(demo=True)
-    'supervised_demo'
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Weighted k-NN classifier of DINO's ``eval_knn.py``.
-
-Features are L2-normalised, similarity is the cosine, each of the k nearest training samples votes
-for its label with weight exp(sim / T); the class with the largest summed weight wins.
+"""Weighted k-NN classifier of DINO's ``eval_knn.py``: cosine similarity of L2-normalised features, each of the k
+nearest training samples voting for its label with weight exp(sim / T).
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""Shared pieces of every dataset: strict file decoding, split files, skip-corrupt bookkeeping.
-
-An item (no transform) is a dict holding whichever of these the dataset has:
-  "image" uint8 (3, H, W) RGB · "mask" int64 (H, W), ignore = 255 · "depth" float32 (H, W) metres, 0 = unknown
-  "boxes" float32 (K, 4) xyxy pixel edges, 0-based · "box_labels" int64 (K,) · "label" int · "path" str
-A transform is any callable dict -> dict applied to that item.
+"""Shared pieces of every dataset: strict file decoding, split files, skip-corrupt bookkeeping. An item (no
+transform) holds whichever of these the dataset has: "image" uint8 (3, H, W) RGB, "mask" int64 (H, W) (ignore
+255), "depth" float32 (H, W) metres (0 = unknown), "boxes" float32 (K, 4) xyxy 0-based pixel edges, "box_labels"
+int64 (K,), "label" int, "path" str.
 """
 from __future__ import annotations
 

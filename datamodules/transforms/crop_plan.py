@@ -1,10 +1,5 @@
-"""The random choices of a multi-crop sample, one :class:`CropParams` record per crop, drawn in a fixed order
-from one ``torch.Generator`` so a generator state fixes every crop (what makes pretraining resumable bit for bit).
-
->>> from datamodules.transforms.multicrop_config import make_config
->>> ps = sample_params(make_config("demo"), 64, 64, torch.Generator().manual_seed(0))
->>> [p.kind for p in ps][:3], ps[0].size
-(['global1', 'global2', 'local'], 64)
+"""The random choices of a multi-crop sample, one :class:`CropParams` per crop, drawn in a fixed order from one
+``torch.Generator``: a generator state fixes every crop (what makes pretraining resumable bit for bit).
 """
 from __future__ import annotations
 

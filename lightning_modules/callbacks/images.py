@@ -1,7 +1,5 @@
 """TensorBoard images of fixed validation images: DINO's PCA / attention maps and token statistics
-(``PretrainVisuals``), LaSt-ViT's vote-count maps (``VoteMaps``).
-
-Rank 0 only, after every collective: ``log_now`` calls none."""
+(``PretrainVisuals``), LaSt-ViT's vote-count maps (``VoteMaps``). Rank 0 only: ``log_now`` calls no collective."""
 from __future__ import annotations
 
 from typing import Optional
