@@ -23,9 +23,8 @@ from .normalizers import Normalizer, build_normalizer
 
 
 def _triton_kernel(q: torch.Tensor):
-    """backbones.triton_attention for CUDA tensors when Triton is installed, else None. Imported on first CUDA
-    use only. Without it, a mixed-precision run takes the unfused lines below: both matmuls under autocast
-    (16-bit inputs, fp32 accumulation), the normaliser in fp32 (it casts)."""
+    """backbones.triton_attention for CUDA tensors when Triton is installed (imported on first CUDA use), else
+    None: a mixed-precision run then takes the unfused lines (matmuls under autocast, the normaliser in fp32)."""
     if not q.is_cuda:
         return None
     from . import triton_attention

@@ -94,9 +94,8 @@ def _grad_errors(o, og, stats, ref, ref_in, q1, k1, v1, scale, entmax, backward,
 
 def problems(q: Tensor, k: Tensor, v: Tensor, scale: float, entmax: bool, need_grad: bool, forward: Callable,
              backward: Callable, max_passes: int) -> list[str]:
-    """What is wrong with the kernels on the first ``ROWS`` rows of (b, h) = (0, 0) of q, k, v (B, H, N, d);
-    ``forward`` / ``backward`` are the launcher's (``_forward(q, k, v, scale, entmax, need_grad, count)``,
-    ``_bwd_op``). Empty: the kernels agree."""
+    """What is wrong with the kernels on the first ``ROWS`` rows of (b, h) = (0, 0) of q, k, v (B, H, N, d), run
+    through the launcher's ``forward`` / ``backward``. Empty: the kernels agree."""
     from .entmax_fast import sparse_attention as reference
     q1, k1, v1 = q[:1, :1, :ROWS], k[:1, :1], v[:1, :1]
     o, og, stats, passes = forward(q1, k1, v1, scale, entmax, need_grad, True)
@@ -124,9 +123,8 @@ def problems(q: Tensor, k: Tensor, v: Tensor, scale: float, entmax: bool, need_g
 
 def trusted(combo: tuple, q: Tensor, k: Tensor, v: Tensor, scale: float, forward: Callable, backward: Callable,
             max_passes: int) -> bool:
-    """Whether the Triton kernels may run this call of ``combo`` = (dtype, N, M, entmax, need_grad) on q, k, v
-    (B, H, N, d) (False: the caller takes the torch path). Checks the combination on its first call (module
-    docstring); raises :class:`CanaryError` when it fails and the mode is ``stop``."""
+    """Whether the kernels may run this call of ``combo`` = (dtype, N, M, entmax, need_grad) (False: the torch
+    path); checks the combination on its first call, raising :class:`CanaryError` in ``stop`` mode."""
     seen = _seen.get(combo)
     if seen is not None:
         return seen == "ok"

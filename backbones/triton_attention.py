@@ -197,11 +197,9 @@ def _four_d(x: Tensor) -> Tensor:
 
 
 def threshold_passes(scores: Tensor, kind: str = "entmax15", single: bool | None = None) -> Tensor:
-    """Per-row number of passes the forward kernel's threshold search takes on ``scores`` (..., N, M)
-    (the kernel itself, run with fp32 exact products on q = scores, k = identity; CUDA or the interpreter).
-    ``single``: the path to count as the 16-bit forward takes it, the register tile up to 272 keys (True) or
-    block-wise in 64-key blocks (False; on a GPU both spill in exact fp32, the counts stay exact); default the
-    path and blocks exact fp32 takes."""
+    """Per-row number of passes the forward kernel's threshold search takes on ``scores`` (..., N, M) (the kernel
+    itself, exact fp32 products on q = scores, k = identity). ``single``: count the 16-bit forward's path, register
+    tiles up to 272 keys (True) or 64-key blocks (False); default: exact fp32's own path."""
     if single and scores.shape[-1] > tp._SINGLE_MAX:
         raise ValueError(f"threshold_passes: the register-tile path holds at most {tp._SINGLE_MAX} keys, "
                          f"got {scores.shape[-1]}")

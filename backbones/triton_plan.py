@@ -90,9 +90,8 @@ def _tiles(m: int) -> tuple[int, int, int]:
 
 def _plan(n: int, m: int, dtype: torch.dtype, d: int, dv: int, bh: int, entmax: bool, need_grad: bool,
           count: bool = False, deterministic: bool = False, arch: int = 90, single: bool | None = None):
-    """(name, kernel, grid, constexprs, launch options) of every launch: the one block-size choice, used by
-    the launcher and by :func:`kernel_launches`. The backward: FlashAttention-2's 5 GEMMs with atomic dQ, or
-    (``deterministic``) the two atomic-free kernels."""
+    """(name, kernel, grid, constexprs, launch options) of every launch: the one block-size choice, for the launcher
+    and :func:`kernel_launches`; the backward's 5-GEMM atomic kernels, or (``deterministic``) the atomic-free pair."""
     prec = _prec(dtype)
     cfg = _blocks(m, dtype, prec, need_grad, arch, entmax)
     if single is not None:  # threshold_passes: the 16-bit forward's register tiles or key blocks, on exact fp32

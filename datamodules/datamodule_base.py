@@ -49,9 +49,8 @@ def evenly_spaced(ds: Dataset, n: Optional[int]) -> Dataset:
 
 
 class SplitView(Dataset):
-    """One split as the protocol sees it: ``transform(item)`` plus ``"index"`` (the item's position here).
-    ``transform=None`` gives the items as stored. Other attributes (``classes``, ``num_skipped``, ...) are the
-    dataset's."""
+    """One split as the protocol sees it: ``transform(item)`` (None: as stored) plus ``"index"``; other attributes
+    are the dataset's."""
 
     def __init__(self, dataset: Dataset, transform: Optional[Callable[[dict], dict]] = None):
         self.dataset, self.transform = dataset, transform
@@ -76,10 +75,9 @@ class SplitView(Dataset):
 
 
 class ShardSampler(DistributedSampler):
-    """Process ``rank``'s fixed part of a dataset (``shard_indices``). ``train=True``: the first n - n % world
-    samples (equal lengths, as DistributedSampler(drop_last=True)), reshuffled every epoch as ``RandomSampler``
-    does (global RNG); ``train=False``: every sample once, in order. A DistributedSampler, so Lightning never wraps
-    it in its own (padding) one."""
+    """Process ``rank``'s fixed part of a dataset. ``train=True``: the first n - n % world samples (equal lengths),
+    reshuffled every epoch from the global RNG; else every sample once, in order. A DistributedSampler, so
+    Lightning never wraps it in its own (padding) one."""
 
     def __init__(self, dataset: Dataset, rank: int = 0, world: int = 1, train: bool = False):
         super().__init__(dataset, num_replicas=world, rank=rank, shuffle=train, drop_last=train)

@@ -56,9 +56,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """The checkpoint a run continues: where it is, how far it trained, the version folder it logs into, and, when
-    that run already reached this run's end, the one line saying so (a requeued job, a study cell run again: such a
-    fit would train nothing but still rewrite the run's summary and logs)."""
+    """The checkpoint a run continues: where it is, how far it trained, its version folder, and, when that run
+    already reached this run's end, the line saying so (such a fit would train nothing but rewrite the summary)."""
     path: str
     step: int
     epochs: int
@@ -68,8 +67,7 @@ class ResumePoint:
 
 def resume_point(run: Any) -> Optional[ResumePoint]:
     """The RESUME checkpoint of ``run`` (a ``launch_checks.RunSettings``), validated as one of the run's objective
-    (another objective's checkpoint must not get as far as the Trainer), with its counters as Lightning resumes
-    them."""
+    before the Trainer sees it, with its counters as Lightning resumes them."""
     path = resume_path(run.resume, run.variant, run.runs, run.kind, run.objective)
     if path is None:
         return None
@@ -126,8 +124,7 @@ def after_last_batch(fit_loop: dict) -> bool:
 
 def epoch_end_form(checkpoint: dict[str, Any]) -> bool:
     """Rewrite ``checkpoint``'s loop counters (in place) to the ``on_train_epoch_end`` form when it was saved
-    after an epoch's last batch; True if it was. The training state (weights, optimizer, RNG, ``global_step``,
-    ``epoch``) is untouched: only where Lightning resumes changes."""
+    after an epoch's last batch; True if it was. Only where Lightning resumes changes, not the training state."""
     fit_loop = (checkpoint.get("loops") or {}).get("fit_loop")
     if not fit_loop or not after_last_batch(fit_loop):
         return False

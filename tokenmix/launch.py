@@ -76,9 +76,8 @@ def cuda_report() -> str:
 
 def check_machine(num_nodes: int, accelerator: str, real_data: str = "", gpu_refusal: str = "") -> None:
     """What this machine refuses before any process starts: ``num_nodes > 1`` without a cluster launcher; a real
-    dataset (``real_data``: its name) that would train on the CPU only because no GPU is usable (``accelerator``
-    auto, or gpu / cuda; ``cpu`` set on the command line or in a preset is a choice, not a fallback), naming torch's
-    CUDA build and what it reports about the driver; and ``gpu_refusal``, when given, on a GPU (``on_gpu``)."""
+    dataset (``real_data``) that would train on the CPU only because no GPU is usable (``cpu`` set explicitly is a
+    choice, not a fallback); and ``gpu_refusal``, when given, on a GPU."""
     refuse_unlaunched_multinode(num_nodes)
     if real_data and str(accelerator).lower() != "cpu" and not torch.cuda.is_available():
         raise LaunchError(
@@ -228,8 +227,7 @@ def _die_with_launcher() -> None:
 
 def install_stop_handlers() -> None:
     """Make SIGTERM / SIGINT stop this process and its ranks within seconds, whatever the main thread is doing.
-    Call once, from the main thread of a command-line entry point (never from a library function: it replaces
-    the process's SIGTERM / SIGINT handling). No-op off the main thread or when called again."""
+    Once, from a command-line entry point's main thread (it replaces the process's handling); else a no-op."""
     import signal
     import socket
     import threading

@@ -70,9 +70,8 @@ def write_results(log_dir: str | Path, *, name: str = "results.json", overwrite:
 
 def write_summary(log_dir: str | Path, *, objective: str, variant: str, data: Optional[str], backbone_config: dict,
                   metrics: dict, config: Optional[dict] = None, checkpoint: Optional[str] = None) -> Path:
-    """A pretraining run's ``summary.json`` in the same schema: task ``pretrain``, ``config["objective"]`` dino or
-    supervised, ``backbone.source`` ``training`` and no sha256 (its last.ckpt is rewritten while the run goes on).
-    A resumed run rewrites the summary of its folder."""
+    """A pretraining run's ``summary.json`` in the same schema (task ``pretrain``, ``backbone.source``
+    ``training``, no sha256: its last.ckpt is rewritten while the run goes on); a resumed run rewrites it."""
     return write_results(log_dir, name="summary.json", overwrite=True, task="pretrain", variant=variant, data=data,
                          backbone=backbone_entry(backbone_config, checkpoint or None, None, "training"),
                          metrics=metrics, config={"objective": objective, **(config or {})})

@@ -113,9 +113,8 @@ def refuse_corrupt_share(index: dict, skipped: dict, max_corrupt: float) -> None
 
 def open_index(root, *, file_list=None, verify: bool = False, index_dir: str = "", max_corrupt: float = 0.01,
                rank: Optional[int] = None, wait_s: float = 600.0) -> tuple[dict, Optional[Path]]:
-    """(index, its cache file). Rank 0 (the launching process) scans and writes the cache; other ranks read it,
-    waiting up to ``wait_s`` for it (ranks a cluster launcher started at the same time). Without ``index_dir``
-    every process scans (probes, analyses)."""
+    """(index, its cache file): rank 0 scans and writes the cache, other ranks wait up to ``wait_s`` and read it;
+    without ``index_dir`` every process scans (probes, analyses)."""
     if rank is None:
         from tokenmix.launch import global_rank
         rank = global_rank()

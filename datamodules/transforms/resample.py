@@ -46,12 +46,9 @@ def max_taps(in_size: int, out_size: int) -> int:
 
 def tap_table(in_sizes: torch.Tensor, out_size: int, taps: int,
               flip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Torch's uint8 antialiased bicubic weights of n resizes of one axis, as tap tables: (weights (n, out, taps)
-    float32 = q / 2**p, first input sample (n, out, 1), tap count (n, out, 1)) int64.
-
-    ``in_sizes``: (n,) int64 on the target device; ``taps`` >= :func:`max_taps` of the largest input.
-    ``flip``: (n,) bool, reverse the output order (a horizontal flip of the resized crop).
-    """
+    """Torch's uint8 antialiased bicubic weights of n resizes of one axis: (weights (n, out, taps) float32 =
+    q / 2**p, first input sample (n, out, 1), tap count (n, out, 1)). ``in_sizes``: (n,) int64; ``taps`` >=
+    :func:`max_taps` of the largest; ``flip``: (n,) bool, reverse the outputs (a horizontal flip)."""
     dev = in_sizes.device
     size = in_sizes.to(torch.float64)[:, None, None]
     scale = size / out_size
@@ -156,10 +153,9 @@ def resize_crops(flat: torch.Tensor, geom: torch.Tensor, out_size: int,
 
 def chunk_rows(h: np.ndarray, w: np.ndarray, waste: float = 1.5, max_chunks: int = 8,
                max_elems: int = 1 << 26) -> list[np.ndarray]:
-    """Cut crops of one output size into chunks of similar size, in ascending area. A chunk closes when padding
-    the next crop in would make its padded pixels exceed ``waste`` x its real pixels, once it holds at least
-    1/``max_chunks`` of the crops (a bound on kernel launches), or when it would pass ``max_elems`` padded
-    elements (memory). Returns the crop indices of each chunk."""
+    """Crop indices of one output size cut into chunks, in ascending area. A chunk closes when the next crop would
+    make its padded pixels exceed ``waste`` x its real ones (once it holds 1/``max_chunks`` of the crops) or its
+    padded elements exceed ``max_elems``."""
     order = np.argsort(h.astype(np.int64) * w, kind="stable")
     least = -(-len(order) // max_chunks)
     chunks, cur, real, mh, mw = [], [], 0, 0, 0

@@ -56,9 +56,8 @@ class FixedImagesCallback(pl.Callback):
 
 
 class PretrainVisuals(FixedImagesCallback):
-    """Every ``every_n_epochs`` (and at the start and end), on a fixed set of validation images through the
-    teacher backbone: PCA maps of the patch features, [CLS] attention maps of the last block (per head),
-    per-layer attention sparsity and entropy, and patch-token norm statistics."""
+    """Every ``every_n_epochs`` (and at the start and end), fixed validation images through the teacher: PCA maps,
+    last-block [CLS] attention per head, per-layer attention sparsity and entropy, and patch-token norms."""
 
     @torch.no_grad()
     def log_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -30,9 +30,8 @@ def _mean(xs) -> Optional[float]:
 
 
 class LossSummary(pl.Callback):
-    """The mean ``train/loss`` of the first and the last ``window`` steps (``loss_start``, ``loss_end``) and
-    summary.json at the end of training. Subclasses name their ``objective`` and write ``summary`` (the metrics
-    dict); ``observe`` sees the logged metrics of every step that logged a loss."""
+    """The mean ``train/loss`` of the first and last ``window`` steps, and summary.json at the end of training.
+    Subclasses name their ``objective`` and write ``summary``; ``observe`` sees each loss step's logged metrics."""
 
     objective = ""
 
