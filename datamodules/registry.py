@@ -23,9 +23,7 @@ from .datasets.voc import VOC07Dataset, VOCAugDataset, VOCDataset
 from .demo.layouts import seg_palette
 from .demo.names import DEMO_DATASETS, demo_dataset, is_demo
 from .demo.scenes import SEG_CLASSES
-from .errors import (CorruptFileError, DatasetError, DepthFormatError, EmptyDatasetError, LabelRangeError,
-                     MissingDataError, SampleError, SizeMismatchError, SplitFileError, UnknownDatasetError,
-                     needs_data_root)
+from .errors import MissingDataError, UnknownDatasetError, needs_data_root
 
 
 # --- the demo datasets: the real loaders pointed at the generated data (make demo-data) -------------------
