@@ -1,21 +1,15 @@
 """Crop + antialiased bicubic resize of many crops at once, as batched matrix products, on any device.
 
-Torch's uint8 ``interpolate(mode="bicubic", antialias=True)`` (what ``MultiCropTransform`` uses on CPU, PIL's
-filter: Keys cubic with a = -0.5, support scaled by the downscale factor) is separable: a horizontal pass, then
-a vertical one, each a fixed-point dot product rounded to uint8. Both passes are products with a weight matrix,
-so every crop of one output size goes through the same two ``matmul`` calls, each crop with its own weights:
+Torch's uint8 ``interpolate(mode="bicubic", antialias=True)`` (PIL's filter: Keys cubic, a = -0.5, support scaled
+by the downscale factor) is separable, each pass a fixed-point dot product rounded to uint8, so every crop of one
+output size goes through the same two ``matmul`` calls with its own weights:
 
     out = round(W_h · round(crop · W_wᵀ))        W_w: (size, crop width), W_h: (size, crop height)
 
-The weights are torch's own (``_compute_index_ranges_int16_weights`` in aten's UpSampleKernel.cpp, rebuilt
-here in float64): normalised, then rounded to int16 at the precision the largest weight allows; q / 2**p is
-exact in float32 and the pixel products are exact too, so each pass rounds like torch's integer code except
-when a sum lies within float32 rounding (~1e-5 level) of a half level. A flip reverses W_w's rows (free).
-
-Crops of different sizes are padded to their chunk's largest crop: padded taps have weight 0. Crops are cut out
-of a flat uint8 buffer (every image of the batch flattened, end to end) by one ``index_select`` of row windows
-on its sliding-window view: no per-crop kernel launch. Sorting crops by area and cutting the list into a few
-chunks keeps the padding small (see :func:`chunk_rows`).
+The weights are torch's own (``_compute_index_ranges_int16_weights``, aten's UpSampleKernel.cpp, rebuilt in
+float64 and rounded to int16 as there); q / 2**p and the pixel products are exact in float32, so each pass rounds
+like torch's integer code except at float32 near-ties (~1e-5). A flip reverses W_w's rows. Crops of a chunk are
+padded to its largest (zero-weight taps) and cut from one flat uint8 buffer by one ``index_select``.
 """
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""summary.json of a training run: ``RunSummary`` (DINO) and ``SupervisedSummary`` on one base, ``LossSummary``,
-which keeps the loss windows and writes the file.
-
-Reads only logged metrics (``trainer.callback_metrics``): ``train/loss`` every step, plus what each objective adds.
-The losses stay tensors on their device until the end (no host sync per step); ``state_dict`` turns them into
-floats. Multi-process rule: ``trainer.log_dir`` is a broadcast that every rank reaches; the file is written by
-rank 0 after it, calling no collective."""
+"""summary.json of a training run: ``RunSummary`` (DINO) and ``SupervisedSummary`` on ``LossSummary``, which keeps
+the loss windows (tensors on their device until the end: no host sync per step) and writes the file. Reads only
+logged metrics. ``trainer.log_dir`` is a broadcast every rank reaches; rank 0 then writes, calling no collective."""
 from __future__ import annotations
 
 import time
