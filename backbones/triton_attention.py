@@ -1,34 +1,21 @@
 """Exact entmax-1.5 / sparsemax attention in Triton: ``normaliser((q @ k^T) * scale) @ v`` without an N x N tensor.
 
-```python
-from backbones.triton_attention import sparse_attention
-out = sparse_attention(q, k, v, scale, kind="entmax15")   # q (..., N, d), k (..., M, d), v (..., M, dv)
-```
+Same values and gradients as ``entmax.entmax15`` / ``entmax.sparsemax`` on the unfused scores, and as the CPU
+``entmax_fast.sparse_attention``. fp16/bf16/fp32 in, fp32 accumulation and threshold, output in the input's dtype;
+fp32 uses tf32 when torch's float32 matmul precision allows (as SDPA does).
 
-Same values and gradients as ``entmax.entmax15`` / ``entmax.sparsemax`` on the unfused scores, and as the
-CPU ``backbones.entmax_fast.sparse_attention``. Inputs fp16/bf16/fp32; products accumulate in fp32, the
-threshold is fp32; the output has the input's dtype (the CPU op returns fp32 for 16-bit inputs). fp32 uses
-tf32 tensor cores when torch's float32 matmul precision allows them (as SDPA does), else exact fp32 products.
+Kernels: ``triton_kernels.py`` (forward), ``triton_kernels_bwd.py`` (backward), block sizes in ``triton_plan``;
+design and costs: docs/performance.md, "Triton kernel design". Per 64-row program: the row max of s = q k^T, then
+tau from t = -1 by passes that solve the closed form on S = {z > t}, exact when no key lies between t and the
+root on tau's side (no fixed iteration count: ``threshold_passes`` counts them), then O = sum p v written as
+(B, N, H, dv) (plus Og = sum g v / sum g for the backward's delta). The backward recomputes p from the saved
+(zmax, tau): FlashAttention-2's five GEMMs, or an atomic-free pair under ``torch.use_deterministic_algorithms``.
+q, k, v and dO are read through their strides (the fused qkv's slices: no copies). The ops are ``torch.library``
+custom ops with fake kernels, so ``torch.compile`` sees one opaque op each.
 
-Kernels: ``backbones/triton_kernels.py`` (forward), ``triton_kernels_bwd.py`` (backward); block sizes in
-``triton_plan._blocks`` (measured for sm_90). Design, pass counts and costs: docs/performance.md, "Triton kernel
-design". In short, per 64-row program (4 warps, 16 whole rows each):
-  1. row max of s = q k^T; z = c s - c max, c = scale/2 (entmax-1.5) or scale (sparsemax): z <= 0, tau in [-1, 0).
-     Up to 272 keys the row's scores stay in registers; longer rows recompute q k^T block by block.
-  2. tau from t = -1: each pass solves the closed form on S = {z > t} and is exact when no key lies between t and
-     the root on tau's side (known from the pass before). No fixed iteration count, no approximate tau;
-     ``threshold_passes`` reports the passes per row.
-  3. O = sum p v, written as (B, N, H, dv) (the layer's transpose back is free); when a gradient is needed also
-     Og = sum g v / sum g (g = dp/dz up to a row constant) for the backward's delta.
-The backward recomputes p from q, k and the saved (zmax, tau) (FlashAttention-2's five GEMMs, dQ added atomically
-in fp32); under ``torch.use_deterministic_algorithms(True)`` an atomic-free pair of kernels runs instead.
-q, k, v and dO are read through their strides (slices of the layer's fused qkv: no copies). The ops are
-``torch.library`` custom ops (``tokenmix::triton_sparse_attention`` and ``..._bwd``) with fake kernels, so
-FakeTensorMode and ``torch.compile`` see one opaque op each.
-
-On CPU tensors the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` set before Triton is
-first imported): that is how the tests check them without a GPU. Under the interpreter bf16 products are
-computed from operands widened to fp32 (same values; the interpreter's own bf16 ``tl.dot`` is wrong).
+On CPU tensors the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is first
+imported), which is how the tests check them; there bf16 products use operands widened to fp32 (the
+interpreter's own bf16 ``tl.dot`` is wrong).
 """
 from __future__ import annotations
 
