@@ -1,12 +1,10 @@
-"""Checkpoint files of a training run: the atomic Trainer plugin (``AtomicCheckpointIO``, via tokenmix.io), the
-kind a file records (``checkpoint_kind``), the RESUME point (``resume_point``) and the loop counters in the form
-Lightning resumes right (``epoch_end_form``). Loading refuses truncated files and checkpoints of another kind;
-what a complete checkpoint holds is ``backbones.checkpoint.validate_lightning``'s knowledge.
+"""Checkpoint files of a training run: the atomic Trainer plugin (``AtomicCheckpointIO``), the kind a file
+records (``checkpoint_kind``), the RESUME point (``resume_point``) and ``epoch_end_form``. Loading refuses
+truncated files and checkpoints of another kind (``backbones.checkpoint.validate_lightning``).
 
 Why ``epoch_end_form``: a step checkpoint saved after an epoch's last batch reads "epoch e started, not
-processed"; Lightning 2.6 restores it as RESTARTED_MID_EPOCH and trains epoch e + 1 without counting it, so the
-resumed run's checkpoints read one epoch behind. The modules rewrite every checkpoint they save and load into
-the form an ``on_train_epoch_end`` save has ("processed = started, completed = processed - 1").
+processed"; Lightning 2.6 resumes it by training epoch e + 1 uncounted, so later checkpoints read one epoch
+behind. The modules rewrite every checkpoint they save and load into the ``on_train_epoch_end`` form.
 """
 from __future__ import annotations
 

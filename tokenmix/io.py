@@ -1,8 +1,5 @@
-"""Atomic file writes and safe checkpoint loading.
-
-Everything tokenmix writes (checkpoints, results.json, figures) goes through :func:`atomic_write`:
-temporary file in the same folder, fsync, rename. A crash mid-write leaves the previous file intact.
-Checkpoints are always read with ``torch.load(..., weights_only=True)``.
+"""Atomic file writes (:func:`atomic_write`: temporary file in the same folder, fsync, rename; a crash leaves the
+previous file intact) and safe checkpoint loading (always ``torch.load(..., weights_only=True)``).
 """
 from __future__ import annotations
 

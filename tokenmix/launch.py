@@ -154,12 +154,9 @@ def global_rank() -> int:
 
 
 # --- stopping a multi-process run: SIGTERM / SIGINT end every rank within seconds -----------------------------
-# Python runs a signal handler only when the main thread is back in the interpreter. A rank blocked in a gloo
-# collective (Lightning's own SIGTERM handler broadcasts, the other rank may already be gone) never gets there
-# before the process-group timeout. So the C-level handler's wake-up byte (``signal.set_wakeup_fd``) is read by
-# a thread of ours, which prints why, forwards the signal to this process's children (Lightning starts ranks
-# 1..N-1 with a plain ``Popen``) and ends the process with ``os._exit``. Ranks started by our launcher also die
-# with it (``PR_SET_PDEATHSIG``), so a SIGKILLed launcher leaves nothing behind either.
+# A rank blocked in a gloo collective never returns to the interpreter to run a Python signal handler, so a thread
+# of ours reads the C handler's wake-up byte (``signal.set_wakeup_fd``), forwards the signal to the children
+# (Lightning's ranks 1..N-1) and ``os._exit``s. Our ranks also die with the launcher (``PR_SET_PDEATHSIG``).
 LAUNCHER_PID_ENV = "TOKENMIX_LAUNCHER_PID"
 _STOP_SIGNALS = ("SIGTERM", "SIGINT")
 _installed: tuple = ()  # the wake-up socket pair, kept open for the life of the process
