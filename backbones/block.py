@@ -63,8 +63,7 @@ def _per_sample(attn_mask: Optional[torch.Tensor]) -> bool:
 
 def _residual(base: torch.Tensor, x: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tensor], drop_path,
               full: bool = False):
-    """``base + drop_path(branch(x))``; on a CPU in training the branch runs on the kept samples only, unless
-    ``full``."""
+    """``base + drop_path(branch(x))``; on a CPU in training the branch runs on kept samples only, unless ``full``."""
     p = drop_path.drop_prob if isinstance(drop_path, DropPath) and drop_path.training else 0.0
     if full or not (p > 0 and x.device.type == "cpu") or torch.compiler.is_compiling():
         return base + drop_path(branch(x))

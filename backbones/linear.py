@@ -35,8 +35,7 @@ ENV = "TOKENMIX_LINEAR_BACKEND"
 
 
 def resolve(backend: str) -> str:
-    """``auto`` -> ``$TOKENMIX_LINEAR_BACKEND`` if set, else ``onednn`` or ``aten`` for this machine; an unknown
-    name raises."""
+    """``auto`` -> ``$TOKENMIX_LINEAR_BACKEND`` if set, else ``onednn`` or ``aten`` by CPU; an unknown name raises."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown linear backend '{backend}'; valid: {', '.join(BACKENDS)}")
     if backend != "auto":

@@ -165,8 +165,7 @@ def kernel_launches(n: int, dtype: torch.dtype, kind: str = "entmax15", head_dim
 
 
 def _vit_scalars(n: int, m: int, d: int, heads: int = 6) -> dict[str, int]:
-    """Integer arguments as a ViT layer passes them: q (first n tokens), k, v slices of qkv (B, M, 3, H, d),
-    O and dO as (B, N, H, d)."""
+    """Integer arguments of a ViT layer: q, k, v slices of qkv (B, M, 3, H, d), O and dO as (B, N, H, d)."""
     qkv = dict(b=m * 3 * heads * d, h=d, n=3 * heads * d)
     out = dict(b=n * heads * d, h=d, n=heads * d)
     strides = {f"s{t}_{a}": v for t, lay in (("q", qkv), ("k", qkv), ("v", qkv), ("o", out), ("d", out))

@@ -41,16 +41,14 @@ def shard_indices(n: int, rank: int, world: int) -> list[int]:
 
 
 def evenly_spaced(ds: Dataset, n: Optional[int]) -> Dataset:
-    """``n`` evenly spaced samples of ``ds`` (class-sorted folders: every class stays represented); all when n is
-    None or not smaller."""
+    """``n`` evenly spaced samples of ``ds`` (every class of a class-sorted folder stays); all when n is None."""
     if not n or n >= len(ds):
         return ds
     return Subset(ds, torch.linspace(0, len(ds) - 1, n).round().long().unique().tolist())
 
 
 class SplitView(Dataset):
-    """One split as the protocol sees it: ``transform(item)`` (None: as stored) plus ``"index"``; other attributes
-    are the dataset's."""
+    """One split as the protocol sees it: ``transform(item)`` plus ``"index"``; other attributes are the dataset's."""
 
     def __init__(self, dataset: Dataset, transform: Optional[Callable[[dict], dict]] = None):
         self.dataset, self.transform = dataset, transform

@@ -70,8 +70,7 @@ def eval_settings(name: str) -> EvalSettings:
 
 
 def settings_mask(settings: EvalSettings, depth: torch.Tensor) -> torch.Tensor:
-    """Bool mask of the pixels that count under ``settings``: the clip first (a 12 m pixel counts, as 8 m), then
-    the crop AND min < gt < max."""
+    """Pixels that count under ``settings``: the clip first (12 m counts, as 8 m), then crop AND min < gt < max."""
     lo, hi, crop, clip = settings
     if clip is not None:
         depth = depth.clamp(max=clip)

@@ -111,8 +111,7 @@ def _add(progress: dict, phase: str, n: int = 1) -> None:
 
 
 def after_last_batch(fit_loop: dict) -> bool:
-    """Saved in ``on_train_batch_end`` of an epoch's last batch (the batch trained, its ``completed`` not yet
-    counted, the epoch not yet processed)?"""
+    """Saved in ``on_train_batch_end`` of an epoch's last batch (its epoch and batch not yet counted)?"""
     batches = fit_loop.get("epoch_loop.batch_progress") or {}
     if not batches.get("is_last_batch") or "total" not in batches:
         return False

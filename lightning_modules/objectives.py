@@ -37,8 +37,7 @@ class Objective:
         return self.default_presets[0 if demo else 1]
 
     def preset_file(self, preset: str) -> Path:
-        """configs/pretrain/<preset>.yaml for one of its presets, else ``preset`` as a YAML path; ValueError naming
-        the valid ones for anything else."""
+        """configs/pretrain/<preset>.yaml of its presets, else ``preset`` as a YAML path; else ValueError."""
         if preset in self.presets:
             return PRESETS_DIR / f"{preset}.yaml"
         if Path(preset).is_file():

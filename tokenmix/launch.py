@@ -19,8 +19,7 @@ class LaunchError(ValueError):
 
 
 def cluster_environment() -> Optional[str]:
-    """Name of the cluster environment Lightning would detect ('TorchElasticEnvironment', 'SLURMEnvironment',
-    ...), or None on a plain machine."""
+    """The cluster environment Lightning would detect ('SLURMEnvironment', ...), or None on a plain machine."""
     from lightning.fabric.plugins.environments import (LSFEnvironment, MPIEnvironment, SLURMEnvironment,
                                                        TorchElasticEnvironment)
     for env in (TorchElasticEnvironment, SLURMEnvironment, LSFEnvironment, MPIEnvironment):

@@ -39,8 +39,7 @@ def clean(x: Any) -> Any:
 
 def backbone_entry(config: dict, checkpoint: Optional[str] = None, sha256: Optional[str] = None,
                    source: str = "checkpoint") -> dict[str, Any]:
-    """The ``backbone`` entry: its architecture config, the checkpoint file and that file's sha256 (both None
-    for the random / pixels baselines)."""
+    """The ``backbone`` entry: architecture config, checkpoint file and its sha256 (None for random / pixels)."""
     return {"source": source, "config": dict(config or {}), "checkpoint": None if checkpoint is None
             else str(checkpoint), "sha256": sha256}
 
