@@ -7,7 +7,7 @@ from typing import Optional
 import lightning.pytorch as pl
 import torch
 
-from tokenmix.attention_stats import attention_stats as _attention_stats
+from tokenmix.attention_stats import attention_stats as _attention_stats, cls_attention_maps
 from tokenmix.pca import pca_rgb as _pca_rgb
 from tokenmix.precision import inference_autocast
 
@@ -85,8 +85,7 @@ class PretrainVisuals(FixedImagesCallback):
             tb.add_scalar(f"attention/zero_share/block{i}", st["zero_share"].mean().item(), step)
             tb.add_scalar(f"attention/entropy/block{i}", st["entropy"].mean().item(), step)
         last = attns[-1].float()
-        prefix = last.shape[-1] - grid[0] * grid[1]
-        cls_maps = last[:, :, 0, prefix:].reshape(x.shape[0], -1, grid[0], grid[1])  # (B, heads, h, w)
+        cls_maps = cls_attention_maps(last, last.shape[-1] - grid[0] * grid[1], grid)  # (B, heads, h, w)
         cls_maps = cls_maps / cls_maps.amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
         heads = cls_maps.shape[1]
         tiles = cls_maps.permute(1, 0, 2, 3).reshape(heads * x.shape[0], 1, grid[0], grid[1])
