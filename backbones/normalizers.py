@@ -1,8 +1,6 @@
-"""Attention normalisers: the one line a token-interaction swap replaces, ``attn.softmax(-1)``.
-
-Each normaliser maps attention logits ``(B, heads, T, T)`` to row-stochastic weights over the key axis.
-Sparse ones are computed in fp32 even under mixed precision (their thresholds are ill-conditioned in
-half precision) and the result is cast back to the input dtype.
+"""Attention normalisers: the one line a token-interaction swap replaces, ``attn.softmax(-1)``, mapping logits
+(B, heads, T, T) to row-stochastic weights. Sparse ones run in fp32 even under mixed precision (their thresholds
+are ill-conditioned in half precision) and cast back to the input dtype.
 """
 from __future__ import annotations
 

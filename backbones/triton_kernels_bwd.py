@@ -1,9 +1,7 @@
-"""The Triton backward kernels behind ``backbones.triton_attention`` (notation: ``backbones.triton_kernels``).
-
-Two paths (``triton_plan._plan`` picks one): FlashAttention-2's five GEMMs per tile in one pass over key
-blocks, dQ added atomically in fp32 (``_bwd_delta_kernel``, ``_bwd_kernel``, ``_bwd_dq_cast_kernel``), or, when
-torch's deterministic mode is on, no atomics: one pass over key blocks for dK, dV and one over query blocks for dQ
-(``_bwd_kv_kernel``, ``_bwd_q_kernel``: seven GEMMs per tile pair, delta recomputed per tile).
+"""The Triton backward kernels behind ``backbones.triton_attention`` (notation: ``backbones.triton_kernels``):
+FlashAttention-2's five GEMMs per tile, dQ added atomically in fp32 (``_bwd_delta_kernel``, ``_bwd_kernel``,
+``_bwd_dq_cast_kernel``), or under torch's deterministic mode no atomics (``_bwd_kv_kernel``, ``_bwd_q_kernel``:
+seven GEMMs per tile pair, delta recomputed per tile).
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Statistics of attention maps: exact-zero share, support size, entropy, and [CLS]->patch maps.
-
-Input is what ``model.attention_maps(images)`` returns per block: (B, H, T, T) probabilities, rows = queries,
-T = num_prefix + N (prefix = [CLS] then registers). Softmax never yields exact zeros (except fp underflow);
-entmax-1.5 / sparsemax do, which is the point of measuring them.
+"""Statistics of attention maps: exact-zero share, support size, entropy, and [CLS]->patch maps, from what
+``model.attention_maps(images)`` returns per block: (B, H, T, T), rows = queries, T = num_prefix + N. Softmax never
+yields exact zeros (except underflow); entmax-1.5 / sparsemax do, which is the point of measuring them.
 """
 from __future__ import annotations
 

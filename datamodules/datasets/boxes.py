@@ -1,7 +1,5 @@
-"""Bounding-box files: VOC / ILSVRC XML and Kaggle's LOC_val_solution.csv.
-
-Boxes come out as float32 (K, 4) xyxy *pixel edges*, 0-based: a box covering pixel columns
-c0..c1 (0-based, inclusive) is x0=c0, x1=c1+1, so width = x1 - x0 and resizing is a plain scale.
+"""Bounding-box files: VOC / ILSVRC XML and Kaggle's LOC_val_solution.csv, read as float32 (K, 4) xyxy *pixel
+edges*, 0-based (pixel columns c0..c1 inclusive give x0=c0, x1=c1+1: width = x1 - x0, resizing a plain scale).
 """
 from __future__ import annotations
 
