@@ -1,13 +1,9 @@
-"""The tokenmix transformer block: timm's ``Block`` (same parameters, same maths) with two ways to do less work.
-
-- ``forward_queries(x, n)``: only the first ``n`` tokens are queries (every token still a key and value); a ViT
-  whose output is [CLS] runs its last block this way (about 6 % of a ViT-S/16 forward and backward at 224 px).
-- drop-path on a CPU in training: the residual branch runs only on the kept samples. The mask is drawn as timm's
-  ``DropPath`` draws it (same RNG stream); not on a GPU (a host sync) nor under ``torch.compile`` (a
-  data-dependent shape), nor with a per-sample ``attn_mask``.
-
-Neither applies when someone watches the block (``observed``: hooks, ``attn.record``). Results agree with
-``Block.forward`` to rounding (``tests/test_backbone.py`` compares outputs and every gradient).
+"""The tokenmix transformer block: timm's ``Block`` (same parameters, same maths) with two ways to do less work:
+``forward_queries(x, n)``, only the first ``n`` tokens as queries (a ViT whose output is [CLS] runs its last block
+so: about 6 % of a ViT-S/16 forward and backward at 224 px); and drop-path on a CPU in training, the residual
+branch run on the kept samples only (the mask drawn as timm's ``DropPath``: same RNG stream; not on a GPU, a host
+sync, nor under ``torch.compile`` or with a per-sample ``attn_mask``). Neither applies when someone watches the
+block (``observed``). Results agree with ``Block.forward`` to rounding (``tests/test_backbone.py``).
 """
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """The Triton attention's runtime canary: the first call of each combination (dtype, N queries, M keys,
-normaliser, with or without gradient) in a process is checked on ``ROWS`` query rows of its own input (item 0,
-head 0, every key) before the kernels are trusted with the rest of the run. Checked against the fp32 torch
-reference (``entmax_fast.sparse_attention``): the output and, with a gradient, dq, dk, dv within ``TOL[dtype]``
-(widened by the scores' own rounding, ``_rounding``); sum_k p = 1 within ``SUM_TOL`` from the saved (zmax, tau)
-in float64; every row's search ended before ``MAX_PASSES``.
-
-On failure the run stops (:class:`CanaryError`), unless ``TOKENMIX_TRITON_CANARY=fallback`` (the combination
-then runs on the torch path, and :func:`outcomes`, written to summary.json, says so); ``=off`` skips the checks.
-Fake tensors are not checked (their values do not exist). Cost: docs/performance.md, "The Triton canary".
+normaliser, with or without gradient) in a process is checked on ``ROWS`` query rows of its own input against the
+fp32 torch reference (``entmax_fast.sparse_attention``): the output and, with a gradient, dq, dk, dv within
+``TOL[dtype]`` (widened by the scores' own rounding, ``_rounding``); sum_k p = 1 within ``SUM_TOL``; every row's
+search ended before ``MAX_PASSES``. On failure the run stops (:class:`CanaryError`), unless
+``TOKENMIX_TRITON_CANARY=fallback`` (the torch path, reported by :func:`outcomes` in summary.json); ``=off`` skips
+the checks; fake tensors are not checked. Cost: docs/performance.md, "The Triton canary".
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Label-supervised classification of any variant, following LaSt-ViT's released recipe (cls_pretrain/conf.py).
-
-The linear ``head`` reads the final-norm [CLS] output or, for ``lastvit`` variants, the aggregated token.
-AdamW(lr, betas (0.9, 0.95), weight decay on *every* parameter, as detectron2's
-``get_default_optimizer_params`` with no overrides); lr x ``lr_multiplier``: detectron2's
-``WarmupParamScheduler(CosineParamScheduler(1, 0.001), 0.1, 0.01)`` at ``step / total_steps``. Plain
-cross-entropy. Checkpoints record ``tokenmix = {"kind": "supervised", "backbone": <config without the head>,
-"num_classes": n}``, so ``backbones.backbone_from_checkpoint`` gives probes the feature backbone.
+"""Label-supervised classification of any variant, following LaSt-ViT's released recipe (cls_pretrain/conf.py):
+the linear ``head`` reads the final-norm [CLS] output (``lastvit``: the aggregated token); AdamW with weight decay
+on *every* parameter (detectron2's ``get_default_optimizer_params``), lr x ``lr_multiplier``; plain cross-entropy.
+Checkpoints record the backbone without the head and ``num_classes``, so probes get the feature backbone.
 """
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """``DATA=folder``: every image under a folder, recursively, in any format PIL opens; no labels, no splits.
 
 The *index* (sorted relative paths, count, sha256) is built once per launch: rank 0 scans and writes it beside
-the run (``<index_dir>/folder-index-<key>.json``) before any other process exists, and the other ranks and
-workers read it. ``file_list``: one image path per line instead of the scan. Unreadable files (found by
-``verify=True`` or when first read) are skipped, counted and listed (``data_report``); a share above
-``max_corrupt`` (default 1 %) stops the run. ``boxes=True``: VOC-style ``Annotations/<stem>.xml`` or a COCO
-``instances.json``.
+the run before any other process exists; the other ranks and workers read it (``file_list``: one path per line
+instead of the scan). Unreadable files are skipped, counted and listed (``data_report``); a share above
+``max_corrupt`` (1 %) stops the run. ``boxes=True``: ``Annotations/<stem>.xml`` or a COCO ``instances.json``.
 """
 from __future__ import annotations
 
