@@ -1,11 +1,8 @@
-"""Self-attention with a swappable normaliser, as timm's ``attn_layer`` (subclass of timm's ``Attention``: the
-parameter names and init stay timm/DINO's).
-
-- ``normalizer``: softmax through the fused SDPA; entmax-1.5 and sparsemax through the Triton kernel on CUDA, the
-  fused ``entmax_fast.sparse_attention`` (fp32) elsewhere without autocast; otherwise (and whenever the weights
-  are recorded, masked or dropped out) DINO's explicit ``attn = normalizer((q @ k^T) * scale); x = attn @ v``.
-- ``qkv_cls``: an optional separate q/k/v projection for [CLS] (CLS/patch specialization; joint attention).
-- ``forward_queries(x, n)``: the first ``n`` output tokens only; ``record = True`` keeps ``last_attn``.
+"""Self-attention with a swappable normaliser, as timm's ``attn_layer`` (timm's ``Attention`` subclassed: its
+parameter names and init). ``normalizer``: softmax through SDPA; entmax-1.5 / sparsemax through the Triton kernel
+on CUDA, the fused ``entmax_fast.sparse_attention`` elsewhere without autocast; otherwise (and whenever the weights
+are recorded, masked or dropped out) DINO's explicit ``attn = normalizer((q @ k^T) * scale); x = attn @ v``.
+``qkv_cls``: a separate q/k/v projection for [CLS] (specialization); ``record = True`` keeps ``last_attn``.
 """
 from __future__ import annotations
 

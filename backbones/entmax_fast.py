@@ -1,14 +1,12 @@
 """Fast exact entmax-1.5 and sparsemax for attention: ``entmax15(scores, dim=-1)``, ``sparsemax(scores, dim=-1)``.
-
 Same values and gradients as ``entmax.entmax15`` / ``entmax.sparsemax`` (to float rounding), without their full
-sort: Newton steps from below (so {z > tau} contains the true support), finished by the closed-form root on that
-support when it is consistent (then exact); rows that do not settle use the sort-based formula. The backward
-saves only Y; :func:`sparse_attention` saves q, k, v and 2 numbers per row instead.
+sort: Newton steps from below (so {z > tau} contains the support), finished by the closed-form root on that
+support when consistent (then exact); unsettled rows use the sort-based formula. The backward saves only Y;
+:func:`sparse_attention` saves q, k, v and 2 numbers per row instead.
 
-``backend`` (default :data:`DEFAULT_BACKEND`; ``create_vit(..., entmax_backend=...)``): ``cpp`` =
-backbones/csrc/entmax_fast.cpp, built at first use (``-O3 -march=native``, cached under ``~/.cache/tokenmix``);
-``torch`` = the same algorithm in PyTorch, any device; ``auto`` = ``cpp`` for CPU tensors when it builds, else
-``torch``. fp16/bf16 inputs are computed in fp32 and return fp32.
+``backend`` (``create_vit(..., entmax_backend=...)``): ``cpp`` = backbones/csrc/entmax_fast.cpp, built at first use
+(``-O3 -march=native``, cached under ``~/.cache/tokenmix``); ``torch``: the same in PyTorch, any device; ``auto``:
+``cpp`` for CPU tensors when it builds. fp16/bf16 inputs are computed in fp32 and return fp32.
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """The one results schema: every probe, analysis and pretraining run writes a JSON file with the top-level
-keys ``KEYS``; what is particular to one task lives under those keys.
-
-- ``task``: probe task (knn, voc, ...), analysis (pib, pca, ...) or ``pretrain`` / ``supervised``;
-- ``variant``: the run folder under runs/ (the report's row); ``data``: ``demo`` or the ``--data`` name;
-- ``backbone``: ``{source, config, checkpoint, sha256}``; ``source`` is checkpoint | random | pixels | training;
-- ``metrics``: the numbers (layer sweeps: ``{"layers": {"block_k": {...}}}``; PNG files under ``"figures"``);
-- ``config``: the run's settings; ``created`` (UTC, ISO 8601) and ``host``.
+keys ``KEYS``: ``task`` (knn, voc, pib, ..., ``pretrain``), ``variant`` (the run folder: the report's row),
+``data`` (``demo`` or the ``--data`` name), ``backbone`` (``{source, config, checkpoint, sha256}``, source
+checkpoint | random | pixels | training), ``metrics`` (layer sweeps under ``"layers"``, PNGs under
+``"figures"``), ``config``, ``created`` (UTC, ISO 8601) and ``host``.
 """
 from __future__ import annotations
 
