@@ -1,22 +1,10 @@
-"""Checkpoint files of a training run: the Trainer plugin that writes and reads them (``AtomicCheckpointIO``:
-temporary file + fsync + rename via tokenmix.io), the kind a file records (``checkpoint_kind``), the RESUME point
-(``resume_point``) and the loop counters in the form Lightning resumes right (``epoch_end_form``).
+"""Checkpoint files of a training run: the atomic Trainer plugin (``AtomicCheckpointIO``), the kind a file
+records (``checkpoint_kind``), the RESUME point (``resume_point``) and ``epoch_end_form``. Loading refuses
+truncated files and checkpoints of another kind (``backbones.checkpoint.validate_lightning``).
 
-A crash or SIGKILL during a save leaves the previous file untouched; loading refuses truncated files and
-checkpoints of another kind, with a message saying what to do. What a complete checkpoint of each kind holds is
-``backbones.checkpoint``'s knowledge (``validate_lightning``: RESUME and this plugin both validate with it).
-``RESUME=1`` continues the newest ``last.ckpt`` of the variant whose checkpoint records the objective's kind,
-whatever its preset file is called.
-
-Loop counters: ``ModelCheckpoint(every_n_train_steps=...)`` saves in ``on_train_batch_end``. After an epoch's last
-batch that checkpoint says "epoch e started, not processed; last batch trained". Lightning 2.6's FitLoop restores
-it as RESTARTED_MID_EPOCH, bumps the epoch to processed in ``reset`` but stays in that stage, so
-``on_advance_start`` then trains epoch e + 1 without counting it ready / started: the resumed run's checkpoints
-read one epoch behind, and resuming one of those after the run ended trains an extra epoch. The same training
-point saved in ``on_train_epoch_end`` reads "processed = started, completed = processed - 1" (Lightning's
-RESUMED_ON_EPOCH_END stage, which then starts the next epoch normally). ``epoch_end_form`` rewrites the first
-form into the second; the modules call it on every checkpoint they save and load (files written before the
-fix, and those of runs resumed before it, whose counters read ready = started = processed, included).
+Why ``epoch_end_form``: a step checkpoint saved after an epoch's last batch reads "epoch e started, not
+processed"; Lightning 2.6 resumes it by training epoch e + 1 uncounted, so later checkpoints read one epoch
+behind. The modules rewrite every checkpoint they save and load into the ``on_train_epoch_end`` form.
 """
 from __future__ import annotations
 
@@ -66,9 +54,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """The checkpoint a run continues: where it is, how far it trained, the version folder it logs into, and, when
-    that run already reached this run's end, the one line saying so (a requeued job, a study cell run again: such a
-    fit would train nothing but still rewrite the run's summary and logs)."""
+    """The checkpoint a run continues: where it is, how far it trained, its version folder, and, when that run
+    already reached this run's end, the line saying so (such a fit would train nothing but rewrite the summary)."""
     path: str
     step: int
     epochs: int
@@ -78,8 +65,7 @@ class ResumePoint:
 
 def resume_point(run: Any) -> Optional[ResumePoint]:
     """The RESUME checkpoint of ``run`` (a ``launch_checks.RunSettings``), validated as one of the run's objective
-    (another objective's checkpoint must not get as far as the Trainer), with its counters as Lightning resumes
-    them."""
+    before the Trainer sees it, with its counters as Lightning resumes them."""
     path = resume_path(run.resume, run.variant, run.runs, run.kind, run.objective)
     if path is None:
         return None
@@ -125,8 +111,7 @@ def _add(progress: dict, phase: str, n: int = 1) -> None:
 
 
 def after_last_batch(fit_loop: dict) -> bool:
-    """Saved in ``on_train_batch_end`` of an epoch's last batch (the batch trained, its ``completed`` not yet
-    counted, the epoch not yet processed)?"""
+    """Saved in ``on_train_batch_end`` of an epoch's last batch (its epoch and batch not yet counted)?"""
     batches = fit_loop.get("epoch_loop.batch_progress") or {}
     if not batches.get("is_last_batch") or "total" not in batches:
         return False
@@ -136,8 +121,7 @@ def after_last_batch(fit_loop: dict) -> bool:
 
 def epoch_end_form(checkpoint: dict[str, Any]) -> bool:
     """Rewrite ``checkpoint``'s loop counters (in place) to the ``on_train_epoch_end`` form when it was saved
-    after an epoch's last batch; True if it was. The training state (weights, optimizer, RNG, ``global_step``,
-    ``epoch``) is untouched: only where Lightning resumes changes."""
+    after an epoch's last batch; True if it was. Only where Lightning resumes changes, not the training state."""
     fit_loop = (checkpoint.get("loops") or {}).get("fit_loop")
     if not fit_loop or not after_last_batch(fit_loop):
         return False

@@ -1,12 +1,8 @@
-"""The LightningCLI of ``make pretrain`` (``PretrainCLI``): the argument list it parses, the configuration resolved
-once, and the Trainer every training run gets.
-
-Arguments, in the order LightningCLI applies them: the preset (``configs/pretrain/<preset>.yaml``), the variant's
-files (``configs/variants/<part>.yaml`` for each part of ``entmax+lastvit``), the entry point's flags (variant,
-data, logger under ``runs/<variant>/pretrain/<preset stem>/``), then the user's ``--config`` files and overrides.
-From the resolved configuration, before any class is built: the node count from SLURM / torchrun and fp32 on the
-CPU where the user's arguments set none, then ``launch_checks.check_launch``. Once built: the objective's
-check (``objectives.py``), unless the RESUME checkpoint's run already finished.
+"""The LightningCLI of ``make pretrain`` (``PretrainCLI``): the argument list, the configuration resolved once,
+and the Trainer every training run gets. Arguments in LightningCLI's order: the preset, the variant's files
+(``configs/variants/<part>.yaml``), the entry point's flags, then the user's ``--config`` files and overrides;
+the node count (SLURM / torchrun) and fp32 on the CPU where the arguments set none; then
+``launch_checks.check_launch`` reads the result before any class is built.
 """
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """What ``make pretrain`` checks in the launching process, before any model or other process exists, on the
-configuration the run will use (``RunSettings``, which ``cli.PretrainCLI`` reads from LightningCLI's resolved
-config: preset, variant files, ``--config`` files, then overrides), and the RESUME point.
-
-``check_launch`` refuses, with the reason and the fix: a RESUME checkpoint that is not a complete one of the run's
-objective (``checkpoint_io.resume_point``), a real dataset without DATA_ROOT or whose folder is missing (the
-dataset's own error), then what the machine decides (``tokenmix.launch.check_machine``): ``num_nodes > 1``
-outside a cluster launcher (it would wait forever), a real dataset on the CPU because no GPU is usable, DINO with
-``deterministic: true`` on CUDA.
+resolved configuration (``RunSettings``) and the RESUME point. ``check_launch`` refuses, with the reason and the
+fix: a RESUME checkpoint that is not a complete one of the run's objective, a real dataset without its folder,
+then what ``tokenmix.launch.check_machine`` refuses.
 """
 from __future__ import annotations
 

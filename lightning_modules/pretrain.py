@@ -4,19 +4,10 @@
         [--data-root R] [--resume 1|PATH] [--preset P|<yaml>] [--runs-dir D] [--dist-timeout MIN]
         [--config my.yaml ...] [any LightningCLI override, e.g. --trainer.max_epochs=5]
 
-This file parses its own flags and launches; the rest has one file per job:
-
-- ``objectives.py``: what ``--objective`` (``make pretrain OBJECTIVE=...``, default ``dino``) picks: the
-  LightningModule, the DataModule, the presets (DINO: ``demo`` for DATA=demo, ``paper`` otherwise, or ``tiny``;
-  supervised: ``supervised_demo`` / ``supervised_paper``), the checkpoint kind and its check once built;
-- ``cli.py``: ``PretrainCLI`` resolves the configuration once: the preset, then configs/variants/<part>.yaml for
-  each part of the variant name (``entmax+lastvit`` -> entmax.yaml, lastvit.yaml), then the ``--config`` files and
-  overrides. Logs and checkpoints: runs/<variant>/pretrain/<preset>/version_N/;
-- ``launch_checks.py``: ``check_launch`` reads that resolved configuration in this (launching) process before any
-  model or other process exists: the RESUME checkpoint's kind, ``num_nodes > 1`` outside a cluster launcher, the
-  dataset's folder, no silent CPU run of a real dataset. The node count comes from SLURM / torchrun when not
-  given, and DDP gets a process-group timeout (``--dist-timeout``, minutes) so a world that never forms ends in
-  an error.
+This file parses its own flags and launches: ``objectives.py`` says what ``--objective`` picks (module, data,
+presets, checkpoint kind), ``cli.py`` resolves the configuration once (preset, configs/variants/<part>.yaml per
+part of the variant name, ``--config`` files, overrides), ``launch_checks.py`` checks it here before any model or
+other process exists.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""One cell of a planned study, for job scripts: record its marker after the cell's command succeeded.
-
-    python -m study.record --plan runs/study/demo/slurm/plan.json --cell knn.entmax.seed0 --record
-
-Exit status 1 (and no marker) when the cell left nothing to record: no checkpoint, or no results.json computed
-from that checkpoint.
+"""One cell of a planned study, for job scripts: record its marker after the cell's command succeeded
+(``python -m study.record --plan <plan.json> --cell knn.entmax.seed0 --record``). Exit status 1 (and no marker)
+when the cell left nothing to record: no checkpoint, or no results.json computed from that checkpoint.
 """
 from __future__ import annotations
 

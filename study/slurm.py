@@ -1,17 +1,8 @@
-"""LAUNCHER=slurm: job scripts instead of local runs, in ``<study>/slurm/``.
-
-- ``pretrain.sbatch``: one array task per missing pretraining run; each is ``srun`` of the pretraining CLI on
-  ``--nodes`` x ``--ntasks-per-node`` processes with ``--gpus-per-node`` GPUs (Lightning reads the SLURM
-  environment: ranks, master address; ``--trainer.devices`` / ``--trainer.num_nodes`` match the allocation).
-  A requeued or restarted task resumes from its own last.ckpt.
-- ``eval.sbatch``: one array task per missing evaluation (one GPU each).
-- ``report.sbatch``: the report once the evaluations have ended.
-- ``submit.sh``: submits the three, chaining them with ``--dependency=afterok:<pretraining array id>`` (the
-  evaluations start when every pretraining task succeeded) and ``afterany:<evaluation array id>``; the ids come
-  from ``sbatch --parsable``.
-
-After each cell its script records the marker (``python -m study.record --record``), as the local runner does, so
-``make study`` afterwards sees what the cluster finished.
+"""LAUNCHER=slurm: job scripts instead of local runs, in ``<study>/slurm/``: ``pretrain.sbatch`` (one array task
+per missing pretraining run, ``srun`` over the allocation's nodes and GPUs; a requeued task resumes from its
+last.ckpt), ``eval.sbatch`` (one task per missing evaluation, one GPU each), ``report.sbatch``, and ``submit.sh``,
+which chains them (``afterok`` on the pretraining array, ``afterany`` on the evaluations). Each cell's script
+records its marker (``python -m study.record --record``), so ``make study`` afterwards sees what the cluster did.
 """
 from __future__ import annotations
 
