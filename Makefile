@@ -1,6 +1,6 @@
 # tokenmix: every target depends on `install`, so a fresh clone needs nothing else.
 # Variables (all optional):  VARIANT=softmax|entmax|registers|specialization|lastvit|entmax+lastvit|...
-#   DATA=demo|<dataset>  DATA_ROOT=<folder with the real dataset>  TASK=<task>  CKPT=<checkpoint>
+#   DATA=demo|<dataset>  DATA_ROOT=<folder with the real dataset> (make probe: DATA_ROOT alone = the task's dataset)  TASK=<task>  CKPT=<checkpoint>
 #   RESUME=1|<path>  LAYER=<block index>|all  ARGS="<extra LightningCLI / script flags>"
 #   OBJECTIVE=dino|supervised (make pretrain: DINO self-distillation, or LaSt-ViT's label-supervised recipe)
 #   make study: VARIANTS="v1 v2"  SEEDS=<count or list>  TASKS="t1 t2"  PRESET=demo|tiny|paper  LAUNCHER=local|slurm
@@ -8,6 +8,7 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 VARIANT ?= softmax
+DATA_GIVEN := $(DATA)
 DATA ?= demo
 DATA_ROOT ?=
 TASK ?=
@@ -60,7 +61,7 @@ export: install
 	$(PY) -m lightning_modules.export --ckpt '$(CKPT)' --variant '$(VARIANT)' --out '$(OUT)'
 
 probe: install
-	$(PY) -m probes.run --task '$(TASK)' --variant '$(VARIANT)' --ckpt '$(CKPT)' --data '$(DATA)' --data-root '$(DATA_ROOT)' --layer '$(LAYER)' --kind '$(KIND)' $(ARGS)
+	$(PY) -m probes.run --task '$(TASK)' --variant '$(VARIANT)' --ckpt '$(CKPT)' --data '$(DATA_GIVEN)' --data-root '$(DATA_ROOT)' --layer '$(LAYER)' --kind '$(KIND)' $(ARGS)
 
 analyze: install
 	$(PY) -m analysis.run --task '$(TASK)' --variant '$(VARIANT)' --ckpt '$(CKPT)' --data '$(DATA)' --data-root '$(DATA_ROOT)' $(if $(DIAL),--dial '$(DIAL)') $(ARGS)

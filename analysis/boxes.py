@@ -1,16 +1,9 @@
 """Box geometry: mapping GT boxes through Resize + CenterCrop, box -> overlapped patches, IoU.
 
-Boxes are float xyxy in continuous pixel-edge coordinates, 0-based (the datamodules convert VOC's 1-based inclusive
-integers: xmin-1, ymin-1, xmax, ymax; a box covering the whole W x H image is (0, 0, W, H)).
-
-The resize/crop arithmetic reproduces torchvision's ``Resize(int)`` + ``CenterCrop`` exactly (the transform the
-pixels go through), which deviates in two small ways from LAST-ViT's ``bbox_to_patch_set``:
-  * per-axis scale new_w / w and new_h / h (torchvision truncates the long side to an int) instead of one
-    256 / min(w, h) factor: they differ by < 1 px;
-  * crop offset ``int(round((new - crop) / 2))`` as torchvision does, not ``(new - crop) // 2``: 1 px apart for
-    odd differences.
-Patch overlap: a patch counts if it shares positive area with the box. LAST-ViT's reference also counts the patch
-whose left/top edge the box merely touches (``int(x_max // p)`` when x_max is a multiple of p); we don't.
+Boxes are float xyxy pixel edges, 0-based (VOC's 1-based inclusive integers become xmin-1, ymin-1, xmax, ymax).
+The resize/crop arithmetic is torchvision's ``Resize(int)`` + ``CenterCrop`` exactly (what the pixels go
+through); a patch counts if it shares positive area with the box. Both deviate from LAST-ViT's
+``bbox_to_patch_set`` by at most 1 px (docs/analysis.md; ``reference_patch_mask`` is theirs).
 """
 from __future__ import annotations
 
@@ -63,10 +56,7 @@ def map_boxes(boxes: torch.Tensor, rc: ResizeCrop, clip: bool = True) -> torch.T
 
 
 def boxes_to_patch_mask(boxes: torch.Tensor, grid: tuple[int, int], patch_size: int) -> torch.Tensor:
-    """(h*w,) bool, row-major: patches sharing positive area with ANY of the boxes (K, 4) in crop pixels.
-
-    A box with no area (cropped away, degenerate) selects nothing.
-    """
+    """(h*w,) bool, row-major: patches sharing positive area with ANY of the boxes (K, 4) in crop pixels."""
     h, w = int(grid[0]), int(grid[1])
     b = torch.as_tensor(boxes, dtype=torch.float64).reshape(-1, 4)
     p = float(patch_size)
@@ -83,12 +73,9 @@ def boxes_to_patch_mask(boxes: torch.Tensor, grid: tuple[int, int], patch_size: 
 def reference_patch_mask(boxes: torch.Tensor, w: int, h: int, resize: int = 256, crop: int = 224,
                          patch_size: int = 16) -> torch.Tensor:
     """(n*n,) bool: the union over ``boxes`` (K, 4, original pixels) of LaSt-ViT's ``bbox_to_patch_set``
-    (``visualization/evaluate_patch_hit.py``), with its own arithmetic rather than torchvision's: resized sizes
-    truncated by ``int()``, crop offsets floor-halved, box corners clamped to [0, crop] (a box the crop removes
-    still selects the border patches it is clamped onto), and every patch from the one holding the min corner
-    to the one holding the max corner (a box ending exactly on a patch edge takes the next patch too).
-    ``--pib-rule reference``; the default is ``boxes_to_patch_mask`` (positive overlap after torchvision's
-    exact resize and crop), see README's deviations."""
+    (``visualization/evaluate_patch_hit.py``) with its arithmetic: ``int()``-truncated sizes, floor-halved crop
+    offsets, corners clamped to [0, crop], every patch from the min corner's to the max corner's (``--pib-rule
+    reference``; README's deviations)."""
     n = crop // patch_size
     scale = float(resize) / min(w, h)
     left, top = (int(w * scale) - crop) // 2, (int(h * scale) - crop) // 2

@@ -201,12 +201,12 @@ def calibration_section(found) -> list[str]:
 
 def _datamodule(task_name: str, data: str, data_root: str, patch_size: int, bs: int, n_train: int, n_val: int,
                 img_size: Optional[int] = None):
-    """The probe protocol's DataModule of ``task_name`` (``probes.data``), ``n_train`` / ``n_val`` evenly spaced
+    """The probe protocol's DataModule of ``task_name`` (``probes.core.data``), ``n_train`` / ``n_val`` evenly spaced
     images of its two splits (0: all), input ``img_size`` (None: the task's)."""
     from datamodules.datamodule_base import SplitView, evenly_spaced
     from datamodules.demo import is_demo
-    from probes.data import probe_datamodule, probe_dataset
-    from probes.tasks import get_task
+    from probes.core.data import probe_datamodule, probe_dataset
+    from probes.core.task_table import get_task
     task = get_task(task_name)
     name, root = probe_dataset(task, data, data_root)
     size = (img_size,) * 2 if img_size else task.demo_img_size if is_demo(data) else task.img_size

@@ -5,13 +5,13 @@ and the per-image terms: ``tokenmix.dense_measures`` (the registry ``DenseProbeC
 One evaluation of a backbone (with the diffusion dial set by the caller) is three passes of the frozen model, each
 image one ``TokenMixViT.forward_record``:
 
-- the segmentation task's training images (the probe protocol's views, ``probes.data``): the ridge probe's sums
-  (``probes.ridge``) and the dense-retrieval memory (``probes.retrieval``, the Hummingbird core on plain views, as
+- the segmentation task's training images (the probe protocol's views, ``probes.core.data``): the ridge probe's sums
+  (``probes.dense.ridge``) and the dense-retrieval memory (``probes.headfree.retrieval``, the Hummingbird core on plain views, as
   ``DenseProbeCheck``), one memory per probe seed, or one for all when the memory holds every patch (the seed then
   only orders it: no replicates to count);
 - its validation images: per image the ridge and retrieval confusion matrices and ``image_record``'s terms (for the
   first ``attn_images`` with every block's attention); the patch features are kept for overclustering
-  (``probes.overcluster``, K = the number of classes, Hungarian matching, one faiss k-means per probe seed);
+  (``probes.headfree.overcluster``, K = the number of classes, Hungarian matching, one faiss k-means per probe seed);
 - the classification set: the [CLS] k-NN (k = 20, T = 0.07, ``tokenmix.knn``), per test image.
 """
 from __future__ import annotations
@@ -25,11 +25,11 @@ from torch.utils.data import DataLoader
 
 from datamodules.datamodule_base import dense_collate
 from datamodules.transforms.views import normalize
-from probes import retrieval as hb
-from probes.matching import confusion, hungarian, matched_miou
-from probes.overcluster import ClusterSettings, overcluster
-from probes.ridge import RidgeSegProbe
-from probes.seg_metric import confmat_scores
+from probes.headfree import retrieval as hb
+from probes.headfree.matching import confusion, hungarian, matched_miou
+from probes.headfree.overcluster import ClusterSettings, overcluster
+from probes.dense.ridge import RidgeSegProbe
+from probes.dense.seg_metric import confmat_scores
 from tokenmix.dense_measures import ATTENTION_TERMS, BY_KEY, image_record, sums_of
 from tokenmix.knn import knn_classify
 

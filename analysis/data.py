@@ -1,10 +1,6 @@
-"""Images (and boxes) for the analyses, through the DataModule layer the probes use, plus the eval transforms.
-
-Two image pipelines:
-  * ``eval_crop``: Resize(short side -> resize, bicubic) + CenterCrop(crop) + ImageNet normalisation: the
-    DINO evaluation view (PCA, norms, attention); PiB resizes bilinear as LaSt-ViT's ``T.Resize(256)``; boxes
-    follow through ``analysis.boxes``;
-  * ``full_res``: the whole image, normalised, zero-padded bottom/right to a multiple of the patch size (LOST).
+"""Images (and boxes) for the analyses, through the DataModule layer the probes use, plus two views:
+``eval_crop`` (DINO's Resize + CenterCrop + normalisation; PiB resizes bilinear as LaSt-ViT's ``T.Resize(256)``)
+and ``full_res`` (the whole image, zero-padded bottom/right to a multiple of the patch size: LOST).
 """
 from __future__ import annotations
 
@@ -53,11 +49,9 @@ class Sample:
 
 
 def open_dataset(data: str, data_root: str | None, split: str, boxes: bool, **kw):
-    """Split ``split`` of the dataset behind DATA/DATA_ROOT, items as stored (plus "index"), opened by the same
-    DataModule layer as the probes (``datamodules.resolve_data`` + ``DataModuleBase``). DATA=demo -> the generated
-    demo VOC (with boxes), in DATA_ROOT when given, else data/demo. DATA=folder: any folder of images, with boxes
-    from its Annotations/ (VOC-style XML) or instances.json (COCO) when the analysis needs them. A map-style
-    Dataset."""
+    """Split ``split`` of the dataset behind DATA/DATA_ROOT (``datamodules.resolve_data``), items as stored plus
+    "index": DATA=demo is the generated demo VOC (with boxes); DATA=folder takes boxes from Annotations/ or
+    instances.json when the analysis needs them."""
     from datamodules import resolve_data
     from datamodules.datamodule_base import DataModuleBase
 

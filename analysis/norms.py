@@ -1,20 +1,9 @@
 """Patch-token L2 norms per layer and the share of tokens in the high-norm mode.
 
-Definition of the high-norm mode (documented in docs/analysis.md):
-  1. take log(norm) of every patch token of a layer (artifact tokens sit an order of magnitude above the rest, so the
-     two modes are closer to Gaussian and comparable in log space);
-  2. fit a 2-component 1-D Gaussian mixture by EM (initialised by Otsu's split of the log norms);
-  3. accept a separate high-norm mode only if the mixture is clearly bimodal: Ashman's D =
-     sqrt(2) |mu_hi - mu_lo| / sqrt(s_hi^2 + s_lo^2) > 2 (Ashman et al. 1994) AND the high component is the
-     minority (weight < 0.5) AND the fitted mixture density has a real valley between the means (density at the
-     decision boundary < half the lower of the two peak densities; rejects flat, uniform-like spreads that a
-     2-component fit splits too) AND the two modes are far apart in absolute terms: their centres differ by at
-     least a factor MIN_MODE_RATIO = 1.5 in norm (artifact tokens are ~10x the rest; without this, float rounding
-     noise around a constant norm, e.g. LayerNorm output at init, would count as two modes).
-     Otherwise the share is 0 (a unimodal layer has no outliers);
-  4. high-norm tokens = those whose posterior for the high component exceeds 0.5; the threshold reported is the
-     corresponding norm (decision boundary of the mixture, between the two means).
-As a model-free companion we also report ``share_above_2x_median`` (norm > 2 x median norm of the layer).
+The mode's definition (log norms, a 2-component Gaussian mixture by EM from Otsu's split, accepted only when
+Ashman's D > 2, the high component is the minority, the density has a valley between the means and the centres
+differ by ``MIN_MODE_RATIO``) is given in docs/analysis.md, "High-norm tokens". A unimodal layer reports 0;
+``share_above_2x_median`` is the model-free companion.
 """
 from __future__ import annotations
 
@@ -105,11 +94,8 @@ def _mixture_pdf(x: float, g: dict[str, float]) -> float:
 
 
 def high_norm_mode(norms: torch.Tensor | np.ndarray) -> dict:
-    """Detect the high-norm mode of a set of token norms (see module docstring).
-
-    Returns {"bimodal": bool, "share": float, "threshold": float | None, "ashman_d": float, "gmm": {...},
-    "mask": bool array shaped like ``norms``}.
-    """
+    """The high-norm mode of token norms (docs/analysis.md): {"bimodal", "share", "threshold" (or None),
+    "ashman_d", "gmm", "mask" (bool, shaped like ``norms``)}."""
     n = norms.detach().cpu().numpy() if isinstance(norms, torch.Tensor) else np.asarray(norms)
     shape = n.shape
     n = n.astype(np.float64).ravel()

@@ -1,7 +1,5 @@
 """The plots of ``make report``: analysis curves per block (PiB, high-norm share, attention zeros) and the probe
 layer sweeps (``make probe LAYER=all``), one line per variant (and data set), from ``report.collect``'s results.
-
-    written = plots(collect(Path("runs")), Path("reports"))   # PNG names written into reports/
 """
 from __future__ import annotations
 

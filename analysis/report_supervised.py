@@ -1,8 +1,6 @@
 """The label-supervised section of ``make report``: one row per supervised run (newest summary.json of each
 variant and data source under runs/<variant>/pretrain/supervised*/), and LaSt-ViT's published figures as
 reference rows. Cells nobody measured say "not run"; nothing is filled in.
-
-    lines = supervised_section(Path("runs"))   # markdown lines, appended to reports/report.md
 """
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ COLS = [("val_top1", "val top-1"), ("val_top5", "val top-5"), ("val_top1_random_
 
 
 def collect_supervised(runs: Path) -> list[dict[str, Any]]:
-    """Newest label-supervised summary.json (tokenmix/results.py schema) per (variant, data): its metrics, with
-    the run folder."""
+    """Newest label-supervised summary.json per (variant, data): its metrics, with the run folder."""
     best: dict[tuple[str, str], dict] = {}
     for path in sorted(runs.glob("*/pretrain/supervised*/version_*/summary.json")):
         try:

@@ -93,7 +93,7 @@ def dataset_kw(f: argparse.Namespace, a: Analysis, data: str) -> dict[str, str]:
 def make_config(f: argparse.Namespace) -> AnalysisConfig:
     """The run's config from the parsed flags; the analysis is looked up first (an unknown task fails before
     anything loads) and a multi-node run without a cluster launcher is refused before any spawn."""
-    from probes.backbone import checkpoint_path
+    from backbones.load import checkpoint_path
     a = get_analysis(f.task.strip())
     ev = finish_eval_args(f, demo=is_demo(f.data), accelerator="gpu" if str(f.device).startswith("cuda") else "cpu")
     b = ev.backbone
@@ -125,7 +125,7 @@ def options(opts: Options, model) -> Options:
 
 
 def main(argv=None) -> dict:
-    from probes.trainer import lightning_console
+    from probes.core.trainer import lightning_console
     cfg = parse_args(argv)
     with lightning_console():  # Lightning's banner once, no advertisements
         return run(cfg)
@@ -133,7 +133,7 @@ def main(argv=None) -> dict:
 
 def run(cfg: AnalysisConfig) -> dict:
     """One analysis of ``cfg``: results.json, figures and TensorBoard events in a fresh version folder."""
-    from probes.backbone import resolve_backbone
+    from backbones.load import resolve_backbone
     a, b = cfg.analysis, cfg.backbone
     world = world_size(cfg.launch)
     # a wrong CKPT failed in parse_args, before the data is opened (or generated); a wrong DATA_ROOT fails here,

@@ -9,9 +9,10 @@ Every analysis is two stages (named per task in ``analysis.registry``):
   figures.
 
 One process runs both in a loop (:func:`run_local`). Several run ``extract`` under Lightning DDP
-(:func:`extract_sharded`): rank r embeds images r, r + world, r + 2 world, ... (no padding, so no image is
-counted twice), the records are gathered on rank 0 by index (duplicates dropped), and rank 0 alone runs
-``finish`` and writes results.json, figures and TensorBoard. Only the first ``num_vis`` records keep ``vis``.
+(:func:`extract_sharded`, on the probes' one sharded extraction): rank r embeds images r, r + world, r + 2 world,
+... (no padding, so no image is counted twice), the records are gathered on rank 0 by index (duplicates dropped),
+and rank 0 alone runs ``finish`` and writes results.json, figures and TensorBoard. Only the first ``num_vis``
+records of each process keep ``vis``.
 
     >>> merge([[{"index": 0}, {"index": 2}], [{"index": 1}, {"index": 2}]])
     [{'index': 0}, {'index': 1}, {'index': 2}]
@@ -25,7 +26,7 @@ from typing import Callable, Iterable
 import torch
 
 from tokenmix.cli import Launch
-from tokenmix.launch import count_devices, ddp_strategy
+from tokenmix.launch import count_devices
 from tokenmix.precision import inference_autocast
 
 from .data import Sample, eval_crop, iter_samples
@@ -128,59 +129,28 @@ def _sample(dataset, i: int) -> Sample | None:
     return None if s is None else dataclasses.replace(s, index=i)
 
 
-def _module(extract: Callable, model, dataset, n: int, opts: Options):
-    """LightningModule whose ``trainer.predict`` runs ``extract`` on this rank's images and leaves all records,
-    gathered and merged, in ``.records`` on rank 0 (None elsewhere)."""
-    import lightning as L
-    from torch.utils.data import DataLoader
-
-    class ShardedExtraction(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.backbone = model
-            self.records, self._local = None, []
-
-        def predict_dataloader(self):
-            mine = list(range(self.global_rank, n, self.trainer.world_size))  # strided shard, no padding
-            return DataLoader(mine, batch_size=opts.batch_size, shuffle=False,
-                              collate_fn=lambda idx: [s for i in idx if (s := _sample(dataset, i)) is not None])
-
-        def transfer_batch_to_device(self, batch, device, dataloader_idx):
-            return batch  # Samples stay as read; ``extract`` moves its crops to ``opts.device``
-
-        def on_predict_epoch_start(self):
-            self._local, self._opts = [], dataclasses.replace(opts, device=str(self.device))
-
-        def predict_step(self, batch, batch_idx):
-            with inference_autocast(self.device):
-                collect((as_float(r) for r in extract(self.backbone, batch, self._opts)), opts.num_vis, self._local)
-
-        def on_predict_epoch_end(self):  # every rank: gather_object is a collective
-            parts = [None] * self.trainer.world_size if self.global_rank == 0 else None
-            torch.distributed.gather_object(self._local, parts, dst=0)
-            self.records = merge(parts) if self.global_rank == 0 else None
-            self._local = []
-
-    return ShardedExtraction()
-
-
 def extract_sharded(extract: Callable, model, dataset, max_images: int, opts: Options,
                     launch: Launch) -> list[dict] | None:
-    """``extract`` over the first ``max_images`` (0 = all) images of ``dataset`` with Lightning DDP on
-    ``launch.devices`` x ``launch.num_nodes`` processes: the merged records on rank 0, None on the other ranks."""
+    """``extract`` over the first ``max_images`` (0 = all) images of ``dataset`` with the probes' one sharded
+    extraction (``probes.core.features.sharded_predict``) on ``launch.devices`` x ``launch.num_nodes`` processes:
+    the records gathered and merged on rank 0, None on the other ranks."""
     import warnings
 
-    import lightning as L
+    from probes.core.features import gather_objects, sharded_predict
 
     n = len(dataset) if not max_images else min(len(dataset), int(max_images))
-    acc = launch.accelerator
-    trainer = L.Trainer(accelerator=acc, devices=launch.devices, num_nodes=launch.num_nodes,
-                        strategy=ddp_strategy("auto", acc, launch.devices, launch.num_nodes, launch.dist_timeout),
-                        use_distributed_sampler=False, logger=False, enable_checkpointing=False,
-                        enable_model_summary=False, enable_progress_bar=False)
-    module = _module(extract, model, dataset, n, opts)
+    shown = [0]  # records with ``vis`` kept so far on this process (``collect``: bounded memory)
+
+    def step(m, indices):
+        with inference_autocast(m.device):
+            samples = [s for i in indices if (s := _sample(dataset, i)) is not None]
+            records = collect((as_float(r) for r in extract(m.net, samples, dataclasses.replace(
+                opts, device=str(m.device)))), max(0, opts.num_vis - shown[0]))
+        shown[0] += sum("vis" in r for r in records)
+        return records
+
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*(module\\(s\\) in eval mode|does not have many workers"
-                                "|predict returned None).*")
-        trainer.predict(module, return_predictions=False)
-    return module.records if trainer.global_rank == 0 else None
+        warnings.filterwarnings("ignore", message=".*(module\\(s\\) in eval mode|does not have many workers).*")
+        parts = sharded_predict(launch, model, [list(range(n))], step, batch_size=opts.batch_size,
+                                collate_fn=list, move_batch=False, end=lambda m: gather_objects(m, dst=0))[0]
+    return None if parts is None else merge(parts)

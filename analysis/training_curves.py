@@ -4,7 +4,7 @@ peaked and how far it fell by the end. This is the entmax paper's curve (dense m
 the k-NN keeps rising), looked for on any set of runs.
 
     python -m analysis.training_curves runs/degradation/lazy1/softmax/pretrain/demo_long/version_0 ... \\
-        --labels "p = 1,small data" --out docs/calibration-demo/degradation.png
+        --labels "p = 1,small data" --out docs/examples/calibration-demo/degradation.png
 
 A measure *declined* in a run when its drop from its best value to its last is beyond its evaluation noise:
 ``--band-json`` (a calibration results.json) gives each measure's noise sd σ over ``replicates`` evaluations of one

@@ -1,16 +1,10 @@
 """``make analyze TASK=votes``: where LaSt-ViT's channels vote.
 
-For a ``lastvit`` backbone each of the D channels picks its top-K most frequency-stable patches; the vote count
-of a patch is how many (channel, rank) picks it got (``FrequencyTopKPooling`` returns them, D x K in all). On
-images with ground-truth boxes, on the usual eval view (Resize + CenterCrop, boxes mapped the same way):
-
-- ``share_of_votes_in_box``: mean over images of (votes on patches touching a box) / (all votes), in %;
-- ``chance_share``: the same for votes spread uniformly over the patches (= box area share of the grid);
-- ``most_voted_patch_in_box``: % of images whose most-voted patch touches a box (LaSt-ViT's Point-in-Box
-  with the vote map as the patch score);
-- ``top1_vote_share`` / ``patches_with_votes``: how concentrated the votes are.
-
-Figures: vote-count maps over the images with the boxes (green) and the most-voted patch (cyan).
+Each of the D channels of a ``lastvit`` backbone picks its top-K most frequency-stable patches
+(``FrequencyTopKPooling``); a patch's vote count is how many picks it got. On images with boxes, on the eval
+view: ``share_of_votes_in_box`` (%, against ``chance_share``, the box area share), ``most_voted_patch_in_box``
+(LaSt-ViT's Point-in-Box with the vote map as the score), ``top1_vote_share`` / ``patches_with_votes``
+(concentration); figures: vote-count maps with the boxes and the most-voted patch.
 """
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
-"""Self-attention with a swappable normaliser, as timm's ``attn_layer``.
-
-Subclasses timm's ``Attention`` so parameter names (``qkv``, ``proj``) and init stay timm/DINO's.
-Two additions:
-- ``normalizer`` (a constructor argument: its name, with ``alpha``/``bisect_iters`` for ``entmax_bisect`` and
-  ``entmax_backend`` for the fast CPU kernels): softmax through the fused ``scaled_dot_product_attention``;
-  entmax-1.5 and sparsemax through the Triton kernel ``triton_attention.sparse_attention`` on CUDA, the fused,
-  memory-lean ``entmax_fast.sparse_attention`` (fp32) elsewhere without autocast (same values); otherwise
-  (and whenever the weights are recorded, masked or dropped out) the explicit DINO lines
-  ``attn = (q @ k^T) * scale; attn = normalizer(attn); x = attn @ v``.
-- ``qkv_cls``: an optional separate q/k/v projection for the [CLS] token (CLS/patch specialization);
-  [CLS] and patches still attend jointly.
-``forward_queries(x, n)``: the first ``n`` output tokens only (every token still a key and value), for the
-last block of a ViT whose output is [CLS] (``backbones/block.py``).
-Set ``record = True`` to keep the last attention probabilities in ``last_attn`` (analysis, TensorBoard).
-
-timm builds the layer from ``attn_layer``; :func:`attention_layer` binds the constructor arguments:
-``VisionTransformer(..., attn_layer=attention_layer(normalizer="entmax15"))``.
+"""Self-attention with a swappable normaliser, as timm's ``attn_layer`` (timm's ``Attention`` subclassed: its
+parameter names and init). ``normalizer``: softmax through SDPA; entmax-1.5 / sparsemax through the Triton kernel
+on CUDA, the fused ``entmax_fast.sparse_attention`` elsewhere without autocast; otherwise (and whenever the weights
+are recorded, masked or dropped out) DINO's explicit ``attn = normalizer((q @ k^T) * scale); x = attn @ v``.
+``qkv_cls``: a separate q/k/v projection for [CLS] (specialization); ``record = True`` keeps ``last_attn``.
 """
 from __future__ import annotations
 
@@ -33,9 +20,8 @@ from .normalizers import Normalizer, build_normalizer
 
 
 def _triton_kernel(q: torch.Tensor):
-    """backbones.triton_attention for CUDA tensors when Triton is installed, else None. Imported on first CUDA
-    use only. Without it, a mixed-precision run takes the unfused lines below: both matmuls under autocast
-    (16-bit inputs, fp32 accumulation), the normaliser in fp32 (it casts)."""
+    """backbones.triton_attention for CUDA tensors when Triton is installed (imported on first CUDA use), else
+    None: a mixed-precision run then takes the unfused lines (matmuls under autocast, the normaliser in fp32)."""
     if not q.is_cuda:
         return None
     from . import triton_attention
@@ -122,11 +108,6 @@ def _bound_class(bound: tuple) -> type:
 
 
 def attention_layer(**kwargs) -> type:
-    """``functools.partial(TokenMixAttention, **kwargs)`` in the form timm's ``attn_layer`` accepts: timm 1.0
-    calls ``issubclass(attn_layer, ...)``, so it must be a class. One class per argument set; picklable.
-
-    >>> layer = attention_layer(normalizer="entmax15")(64, num_heads=2)
-    >>> layer.normalizer.fused_kind
-    'entmax15'
-    """
+    """``functools.partial(TokenMixAttention, **kwargs)`` as a class (timm 1.0 calls ``issubclass(attn_layer,
+    ...)``); one class per argument set, picklable."""
     return _bound_class(tuple(sorted((k, str(v) if isinstance(v, str) else v) for k, v in kwargs.items())))

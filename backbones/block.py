@@ -1,28 +1,9 @@
-"""The tokenmix transformer block: timm's ``Block`` (same parameters, same maths) with two ways to do less work.
-
-- ``forward_queries(x, n)``: only the first ``n`` tokens of the output. Every token is still a key and value,
-  but only the first ``n`` are queries, so the q projection, attention rows, output projection and MLP of the
-  other tokens are skipped. A ViT whose output is its [CLS] token runs its last block this way
-  (``TokenMixViT.forward``): about 6 % of a ViT-S/16 forward and backward at 224 px.
-- stochastic depth (``drop_path``) on a CPU in training: the residual branch runs only on the samples it keeps.
-  The keep mask is drawn exactly as timm's ``DropPath`` draws it (one ``bernoulli_`` on a (B, 1, ...) tensor,
-  so the RNG stream is unchanged; with dropout inside a branch its draws come after the mask's instead of
-  before), and kept samples get ``branch * mask`` as there; a dropped sample's branch
-  was multiplied by 0, so skipping it changes nothing. Not on a GPU (the kept rows would need a host
-  synchronisation) nor while ``torch.compile`` traces (a data-dependent shape): timm's path there.
-
-Neither applies when someone watches the block (``observed``: forward / backward hooks on the block or its
-``attn``, global module hooks, ``attn.record``): they see every sample and every token, as in timm's block. The
-drop-path one neither with a per-sample ``attn_mask`` (its rows would not follow the kept samples).
-
-Both are the same maths as ``Block.forward``: the kept rows go through the same ops, so results agree to
-rounding (``tests/test_backbone.py`` compares outputs and every gradient). ``SpecializedBlock`` builds on it.
-
-    >>> import torch
-    >>> blk = TokenMixBlock(16, num_heads=2).eval()
-    >>> x = torch.randn(2, 5, 16)
-    >>> torch.allclose(blk.forward_queries(x, 1), blk(x)[:, :1], atol=1e-6)
-    True
+"""The tokenmix transformer block: timm's ``Block`` (same parameters, same maths) with two ways to do less work:
+``forward_queries(x, n)``, only the first ``n`` tokens as queries (a ViT whose output is [CLS] runs its last block
+so: about 6 % of a ViT-S/16 forward and backward at 224 px); and drop-path on a CPU in training, the residual
+branch run on the kept samples only (the mask drawn as timm's ``DropPath``: same RNG stream; not on a GPU, a host
+sync, nor under ``torch.compile`` or with a per-sample ``attn_mask``). Neither applies when someone watches the
+block (``observed``). Results agree with ``Block.forward`` to rounding (``tests/test_backbone.py``).
 """
 from __future__ import annotations
 
@@ -78,8 +59,7 @@ def _per_sample(attn_mask: Optional[torch.Tensor]) -> bool:
 
 def _residual(base: torch.Tensor, x: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tensor], drop_path,
               full: bool = False):
-    """``base + drop_path(branch(x))``; on a CPU in training the branch runs on the kept samples only, unless
-    ``full``."""
+    """``base + drop_path(branch(x))``; on a CPU in training the branch runs on kept samples only, unless ``full``."""
     p = drop_path.drop_prob if isinstance(drop_path, DropPath) and drop_path.training else 0.0
     if full or not (p > 0 and x.device.type == "cpu") or torch.compiler.is_compiling():
         return base + drop_path(branch(x))

@@ -1,26 +1,10 @@
-"""The Triton attention's runtime canary: the first call of each combination in a process is checked on a few
-rows of its own input before the kernels are trusted with the rest of the run.
-
-A combination is (dtype, N queries, M keys, normaliser, with or without gradient). On its first call
-``backbones.triton_attention.sparse_attention`` runs the production kernels on the first ``ROWS`` query rows of
-batch item 0, head 0 (every key), with the pass counter on, and checks
-
-- the output against the torch reference (``backbones.entmax_fast.sparse_attention`` in fp32 on the same rows):
-  max |o - ref| <= ``TOL[dtype]`` x max |v|; with a gradient also dq, dk, dv against autograd through the
-  reference, <= ``TOL[dtype]`` x their size (``_grad_errors``); every bound widened by what the scores' own fp32 /
-  tf32 rounding does to sum p (``_rounding``: large logits), so a right kernel never trips it;
-- the threshold: sum_k p = 1 (within ``SUM_TOL``) for p recomputed in float64 from the kernel's saved
-  (zmax, tau), over *every* key (a threshold the search left short of its root shows here);
-- every row's threshold search ended before ``MAX_PASSES`` (a row that hits it is slow, and may be wrong).
-
-On failure the run stops (:class:`CanaryError`, naming the combination, torch, Triton and the GPU), unless
-``TOKENMIX_TRITON_CANARY=fallback``: the combination then runs on the torch path (``entmax_fast``) for the rest
-of the process, and :func:`outcomes` (written to summary.json by the run summary) says so.
-``TOKENMIX_TRITON_CANARY=off`` skips the checks. Fake tensors (FakeTensorMode, ``torch.compile``'s tracing) are
-not checked: their values do not exist (a compiled run's canary is the eager first call, not the graph's).
-
-Cost: a dictionary lookup per call once a combination is known, a few milliseconds once per combination (at
-most 8 in a run): far below 0.1 % of a paper-preset run (docs/performance.md, "The Triton canary: its cost").
+"""The Triton attention's runtime canary: the first call of each combination (dtype, N queries, M keys,
+normaliser, with or without gradient) in a process is checked on ``ROWS`` query rows of its own input against the
+fp32 torch reference (``entmax_fast.sparse_attention``): the output and, with a gradient, dq, dk, dv within
+``TOL[dtype]`` (widened by the scores' own rounding, ``_rounding``); sum_k p = 1 within ``SUM_TOL``; every row's
+search ended before ``MAX_PASSES``. On failure the run stops (:class:`CanaryError`), unless
+``TOKENMIX_TRITON_CANARY=fallback`` (the torch path, reported by :func:`outcomes` in summary.json); ``=off`` skips
+the checks; fake tensors are not checked. Cost: docs/performance.md, "The Triton canary".
 """
 from __future__ import annotations
 
@@ -107,9 +91,8 @@ def _grad_errors(o, og, stats, ref, ref_in, q1, k1, v1, scale, entmax, backward,
 
 def problems(q: Tensor, k: Tensor, v: Tensor, scale: float, entmax: bool, need_grad: bool, forward: Callable,
              backward: Callable, max_passes: int) -> list[str]:
-    """What is wrong with the kernels on the first ``ROWS`` rows of (b, h) = (0, 0) of q, k, v (B, H, N, d);
-    ``forward`` / ``backward`` are the launcher's (``_forward(q, k, v, scale, entmax, need_grad, count)``,
-    ``_bwd_op``). Empty: the kernels agree."""
+    """What is wrong with the kernels on the first ``ROWS`` rows of (b, h) = (0, 0) of q, k, v (B, H, N, d), run
+    through the launcher's ``forward`` / ``backward``. Empty: the kernels agree."""
     from .entmax_fast import sparse_attention as reference
     q1, k1, v1 = q[:1, :1, :ROWS], k[:1, :1], v[:1, :1]
     o, og, stats, passes = forward(q1, k1, v1, scale, entmax, need_grad, True)
@@ -137,9 +120,8 @@ def problems(q: Tensor, k: Tensor, v: Tensor, scale: float, entmax: bool, need_g
 
 def trusted(combo: tuple, q: Tensor, k: Tensor, v: Tensor, scale: float, forward: Callable, backward: Callable,
             max_passes: int) -> bool:
-    """Whether the Triton kernels may run this call of ``combo`` = (dtype, N, M, entmax, need_grad) on q, k, v
-    (B, H, N, d) (False: the caller takes the torch path). Checks the combination on its first call (module
-    docstring); raises :class:`CanaryError` when it fails and the mode is ``stop``."""
+    """Whether the kernels may run this call of ``combo`` = (dtype, N, M, entmax, need_grad) (False: the torch
+    path); checks the combination on its first call, raising :class:`CanaryError` in ``stop`` mode."""
     seen = _seen.get(combo)
     if seen is not None:
         return seen == "ok"

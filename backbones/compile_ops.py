@@ -1,20 +1,7 @@
-"""``torch.compile`` support for the DINO modules: the fused sparse attention as an opaque custom op.
-
-``backbones.entmax_fast.sparse_attention`` calls its C++ kernel through ctypes on raw data pointers, which
-``torch.compile`` cannot trace: every attention layer would split the graph (and the lock around the kernel
-build adds more breaks). Here the same forward and backward are registered as two ``torch.library`` custom
-ops (``tokenmix::sparse_attn_fwd`` / ``tokenmix::sparse_attn_bwd``) with shape-only fake kernels, so the
-compiler keeps one graph around them and calls the kernel as it is. Same functions, same values.
-
-    >>> import torch
-    >>> from backbones.compile_ops import sparse_attention_op
-    >>> q = k = v = torch.randn(1, 2, 5, 4)
-    >>> out = sparse_attention_op(q, k, v, 0.5, "entmax15")   # = entmax_fast.sparse_attention(...)
-    >>> tuple(out.shape)
-    (1, 2, 5, 4)
-
-``backbones.attention`` calls the op instead of ``entmax_fast.sparse_attention`` while ``torch.compile`` traces
-(``torch.compiler.is_compiling()``), so eager code never goes through it and nothing global is switched.
+"""``torch.compile`` support: the fused sparse attention as two opaque ``torch.library`` custom ops
+(``tokenmix::sparse_attn_fwd`` / ``_bwd``) with shape-only fake kernels. ``entmax_fast`` calls its C++ kernel
+through ctypes on raw pointers, which the compiler cannot trace (every attention layer would split the graph).
+``backbones.attention`` calls these ops only while ``torch.compile`` traces; eager code never goes through them.
 """
 from __future__ import annotations
 

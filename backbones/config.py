@@ -1,13 +1,8 @@
-"""``BackboneConfig``: what rebuilds a backbone; every checkpoint tokenmix writes carries one as a plain dict.
+"""``BackboneConfig``: what rebuilds a backbone; every checkpoint tokenmix writes carries one as a plain dict
+(``create_vit(**cfg.to_dict())`` rebuilds it; ``from_dict`` raises CheckpointError on an unknown or missing field).
 
-    cfg = BackboneConfig("vit_test_patch8", "registers", num_registers=2)
-    model = create_vit(**cfg.to_dict())     # backbones.vit builds it (what BackboneCheckpoint.build does)
-    assert model.backbone_config == cfg
-    cfg.to_dict()                           # {'arch': 'vit_test_patch8', 'variant': 'registers', 'num_registers': 2}
-    BackboneConfig.from_dict(ckpt["tokenmix"]["backbone"])   # CheckpointError on an unknown or missing field
-
-A field left ``None`` is the constructor's default and is not written, so the dicts older checkpoints hold
-(arch, variant and the knobs of their strategy, ``lastvit_sigma: None`` included) read back to the same config.
+A field left ``None`` is the constructor's default and is not written, so the dicts older checkpoints hold read
+back to the same config.
 """
 from __future__ import annotations
 

@@ -150,7 +150,7 @@ def _layers(model: torch.nn.Module, n: Optional[int]) -> list[int]:
     bad = {type(blocks[i].attn).__name__ for i in idx if not isinstance(blocks[i].attn, TokenMixAttention)}
     if bad:
         raise ValueError(f"the diffusion dial needs TokenMixAttention in blocks {idx}, found {sorted(bad)}. "
-                         "Build the backbone with backbones.create_vit / load it through probes.backbone.")
+                         "Build the backbone with backbones.create_vit / load it through backbones.load.")
     return idx
 
 

@@ -1,18 +1,12 @@
 """Fast exact entmax-1.5 and sparsemax for attention: ``entmax15(scores, dim=-1)``, ``sparsemax(scores, dim=-1)``.
+Same values and gradients as ``entmax.entmax15`` / ``entmax.sparsemax`` (to float rounding), without their full
+sort: Newton steps from below (so {z > tau} contains the support), finished by the closed-form root on that
+support when consistent (then exact); unsettled rows use the sort-based formula. The backward saves only Y;
+:func:`sparse_attention` saves q, k, v and 2 numbers per row instead.
 
-Same values and gradients as ``entmax.entmax15`` / ``entmax.sparsemax`` (to float rounding), without their
-full sort: Newton steps from below (never overshooting, so {z > tau} contains the true support), finished by
-the closed-form root on that support when it is consistent with it (then exact); rows that do not settle
-use the sort-based formula. The backward saves only the output Y.
-:func:`sparse_attention` goes further for attention: it saves q, k, v and 2 numbers per row, not Y.
-
-Backends, the ``backend`` argument of every op (default :data:`DEFAULT_BACKEND`; a ViT takes it as
-``create_vit(..., entmax_backend=...)``):
-- ``cpp``: backbones/csrc/entmax_fast.cpp, SIMD loops per row over torch's OpenMP threads, built at first use
-  (``-O3 -march=native``) and cached under ``~/.cache/tokenmix`` per source, flags, compiler and CPU features.
-- ``torch``: the same algorithm in vectorised PyTorch; any device (GPU included), any float dtype.
-- ``auto`` (default): ``cpp`` for CPU tensors when it builds, else ``torch`` (one warning if the build fails).
-Inputs in fp16/bf16 are computed in fp32; the result is fp32 (fp64 stays fp64).
+``backend`` (``create_vit(..., entmax_backend=...)``): ``cpp`` = backbones/csrc/entmax_fast.cpp, built at first use
+(``-O3 -march=native``, cached under ``~/.cache/tokenmix``); ``torch``: the same in PyTorch, any device; ``auto``:
+``cpp`` for CPU tensors when it builds. fp16/bf16 inputs are computed in fp32 and return fp32.
 """
 from __future__ import annotations
 
@@ -354,13 +348,10 @@ class _SparseAttentionFn(torch.autograd.Function):
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                      kind: str = "entmax15", backend: str = DEFAULT_BACKEND) -> torch.Tensor:
-    """``normaliser((q @ k^T) * scale) @ v`` for q (..., N, d), k (..., M, d), v (..., M, dv), with
-    normaliser entmax-1.5 or sparsemax over the keys; memory like fused softmax attention.
-
-    Same values and gradients as the unfused three lines, but the backward keeps only q, k, v and two numbers
-    per query row, not the (N x M) probabilities (recomputed exactly). Logits, normaliser and products run in
-    fp32 (fp64 stays fp64), as does the output. No mask, no attention dropout: use the unfused path for those.
-    """
+    """``normaliser((q @ k^T) * scale) @ v`` for q (..., N, d), k (..., M, d), v (..., M, dv), normaliser entmax-1.5
+    or sparsemax over the keys. Same values and gradients as the unfused lines, but the backward keeps only q, k,
+    v and two numbers per row (the probabilities are recomputed exactly). fp32 throughout (fp64 stays fp64); no
+    mask, no attention dropout."""
     if kind not in ("entmax15", "sparsemax"):
         raise ValueError(f"sparse_attention kind must be 'entmax15' or 'sparsemax', got '{kind}'")
     if q.dim() < 2 or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:

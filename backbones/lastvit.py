@@ -1,19 +1,12 @@
 """LaSt-ViT selective aggregation: the [CLS] output built from frequency-stable patch tokens.
 
-Following ``dense_vit.forward`` of the LaSt-ViT reference (ChengShiest/LAST-ViT) and REFERENCE.md §3:
-X (B, N, D) = final normalised patch tokens; L = low-pass of X along the *channel* axis (FFT over D,
-centred Gaussian window exp(-½(n/σ)²) with peak 1, inverse FFT, real part); stability S = X / |L − X|;
-per channel take the top-K patches by S and average their X values → the new [CLS] output (D,).
-Gradients flow through the gathered X values (the selection itself is discrete).
+Following ``dense_vit.forward`` of ChengShiest/LAST-ViT and REFERENCE.md §3: X (B, N, D) = final normalised
+patch tokens; L = low-pass of X along the *channel* axis (FFT over D, centred Gaussian window exp(-½(n/σ)²),
+inverse FFT, real part); S = X / |L − X|; per channel the top-K patches by S, their X averaged → [CLS] (D,).
 
-Deviations from the reference code, on purpose:
-- The Gaussian peak sits exactly on the DC bin (the reference's ``arange(-D//2+1, D//2+1)`` window is one
-  bin left of DC after ``fftshift`` for even D), so the filter is symmetric and L is a true low-pass.
-- ``|L − X|`` gets an epsilon (1e-6) so a channel where X equals its low-pass gives a large finite score
-  instead of inf/NaN.
-- The released code defaults to K=1; the paper reports K=7 slightly better. K is a knob (default 1).
-``reference=True`` undoes the first two (off-centre window, no epsilon): the released forward bit for bit,
-used to run the released checkpoints (``create_vit(..., lastvit_reference=True)``, docs/supervised.md).
+Deviations (README): the window peaks exactly on DC (the reference's is one bin left for even D) and |L − X|
+gets a 1e-6 epsilon (no inf/NaN); K defaults to 1 as released (the paper reports K=7 slightly better).
+``reference=True`` undoes both: the released forward bit for bit (``lastvit_reference=True``).
 """
 from __future__ import annotations
 

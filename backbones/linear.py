@@ -1,23 +1,9 @@
-"""The backbone's linear layers on oneDNN's fp32 GEMM on CPUs where MKL's sgemm under-performs.
+"""The backbone's linear layers on oneDNN's fp32 GEMM on CPUs where MKL's sgemm under-performs (non-Intel x86;
+figures: docs/performance.md, "oneDNN linears"). Results agree with ``F.linear`` to fp32 rounding, not bit for bit.
 
-PyTorch computes a CPU fp32 ``nn.Linear`` (forward and both gradients) with MKL's sgemm, which picks its code
-path by CPU vendor and is the slower GEMM on non-Intel x86; oneDNN's GEMM, shipped in the same torch, dispatches
-on CPU features (figures: docs/performance.md, "oneDNN linears"). Same fp32 arithmetic in another summation
-order: results agree to fp32 rounding, not bit for bit (tests/test_linear_backend.py).
-
-``backend`` (``TokenMixViT(linear_backend=...)``, a runtime choice like ``entmax_backend``: it does not change
-the weights, so ``BackboneConfig`` leaves it out; checkpoints record the resolved one beside it, see
-``backbones/checkpoint.py``): ``aten`` = ``F.linear``; ``onednn`` = oneDNN on CPU fp32 tensors outside autocast
-and ``torch.compile`` (``F.linear`` otherwise); ``auto`` = ``$TOKENMIX_LINEAR_BACKEND`` (``aten`` | ``onednn``) when
-set, else ``onednn`` on non-Intel x86 CPUs and ``aten`` elsewhere (on Intel CPUs MKL is Intel's own tuned path;
-the choice never depends on a timing). The variable gives every host one meaning: the test suite runs its
-end-to-end tests under both backends whatever the CPU vendor.
-
-    >>> import torch
-    >>> lin = FastLinear(8, 4, backend="onednn")
-    >>> x = torch.randn(2, 3, 8)
-    >>> torch.allclose(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias), atol=1e-6)
-    True
+``backend`` is a runtime choice (``BackboneConfig`` leaves it out): ``aten`` = ``F.linear``; ``onednn`` = oneDNN on
+CPU fp32 tensors outside autocast and ``torch.compile``; ``auto`` = ``$TOKENMIX_LINEAR_BACKEND`` when set, else
+``onednn`` on non-Intel x86 CPUs (never chosen by a timing, so every host gives it one meaning).
 """
 from __future__ import annotations
 
@@ -49,8 +35,7 @@ ENV = "TOKENMIX_LINEAR_BACKEND"
 
 
 def resolve(backend: str) -> str:
-    """``auto`` -> ``$TOKENMIX_LINEAR_BACKEND`` if set, else ``onednn`` or ``aten`` for this machine; an unknown
-    name raises."""
+    """``auto`` -> ``$TOKENMIX_LINEAR_BACKEND`` if set, else ``onednn`` or ``aten`` by CPU; an unknown name raises."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown linear backend '{backend}'; valid: {', '.join(BACKENDS)}")
     if backend != "auto":

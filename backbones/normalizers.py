@@ -1,8 +1,6 @@
-"""Attention normalisers: the one line a token-interaction swap replaces, ``attn.softmax(-1)``.
-
-Each normaliser maps attention logits ``(B, heads, T, T)`` to row-stochastic weights over the key axis.
-Sparse ones are computed in fp32 even under mixed precision (their thresholds are ill-conditioned in
-half precision) and the result is cast back to the input dtype.
+"""Attention normalisers: the one line a token-interaction swap replaces, ``attn.softmax(-1)``, mapping logits
+(B, heads, T, T) to row-stochastic weights. Sparse ones run in fp32 even under mixed precision (their thresholds
+are ill-conditioned in half precision) and cast back to the input dtype.
 """
 from __future__ import annotations
 
@@ -27,11 +25,8 @@ def _fp32(fn: Callable[[torch.Tensor], torch.Tensor]) -> Normalizer:
 
 
 def _sparse(name: str, backend: str) -> Normalizer:
-    """The project's fast exact op (backbones/entmax_fast.py, same values as the sort-based ``entmax``).
-
-    Tagged with ``fused_kind`` so the attention layer can use the memory-lean fused
-    ``sparse_attention`` (no stored N x N probabilities) when it does not need the weights themselves.
-    """
+    """The project's fast exact op, tagged with ``fused_kind`` so the attention layer can use the fused
+    ``sparse_attention`` (no stored N x N probabilities) when it does not need the weights."""
     from backbones import entmax_fast
     op = getattr(entmax_fast, name)
     fn = _fp32(lambda s: op(s, dim=-1, backend=backend))
@@ -44,10 +39,7 @@ NORMALIZERS = tuple(n.value for n in NormalizerName)
 
 def build_normalizer(name: str, alpha: float = 1.5, n_iter: int = 50,
                      backend: str = DEFAULT_BACKEND) -> Normalizer | None:
-    """``None`` means softmax: the attention layer then uses the fused SDPA kernel.
-
-    ``backend`` picks the kernel of entmax-1.5 / sparsemax (``backbones.entmax_fast``: auto | cpp | torch).
-    """
+    """``None`` means softmax (the layer then uses SDPA); ``backend``: entmax_fast's kernel (auto | cpp | torch)."""
     try:
         name = NormalizerName(name)
     except ValueError:

@@ -1,14 +1,8 @@
-"""CLS/patch specialization (Marouani et al. 2026): [CLS] and patch tokens keep one joint attention but
-use separate parameters in the norm layers and the q/k/v projection of the chosen blocks.
+"""CLS/patch specialization (Marouani et al. 2026): [CLS] and patch tokens keep one joint attention but use
+separate norm and q/k/v parameters in the chosen blocks (``specialization_sets``: norms and q/k/v may differ).
 
-A timm ``block_fn`` (a ``TokenMixBlock``, i.e. timm's ``Block``): same parameter names as timm's ``Block``
-plus ``norm1_cls``, ``norm2_cls`` and ``attn.qkv_cls`` where specialised, so a plain ViT state dict still loads
-into the shared parameters.
-Token 0 is [CLS]; registers (if any) use the patch parameters.
-
-The norms and the q/k/v projection may be specialised in different blocks (``specialization_sets``), e.g. the
-norms everywhere and q/k/v only early: ``create_vit(..., "specialization", spec_norm_blocks=range(12),
-spec_qkv_blocks=[0, 1, 2, 3])``.
+Parameter names are timm's ``Block``'s plus ``norm1_cls``, ``norm2_cls`` and ``attn.qkv_cls``, so a plain ViT
+state dict still loads into the shared ones. Token 0 is [CLS]; registers use the patch parameters.
 """
 from __future__ import annotations
 

@@ -1,56 +1,21 @@
 """Exact entmax-1.5 / sparsemax attention in Triton: ``normaliser((q @ k^T) * scale) @ v`` without an N x N tensor.
 
-```python
-from backbones.triton_attention import sparse_attention
-out = sparse_attention(q, k, v, scale, kind="entmax15")   # q (..., N, d), k (..., M, d), v (..., M, dv)
-```
+Same values and gradients as ``entmax.entmax15`` / ``entmax.sparsemax`` on the unfused scores, and as the CPU
+``entmax_fast.sparse_attention``. fp16/bf16/fp32 in, fp32 accumulation and threshold, output in the input's dtype;
+fp32 uses tf32 when torch's float32 matmul precision allows (as SDPA does).
 
-Same values and gradients as ``entmax.entmax15`` / ``entmax.sparsemax`` on the unfused scores, and as the
-CPU ``backbones.entmax_fast.sparse_attention``. Inputs fp16/bf16/fp32; products accumulate in fp32, the
-threshold is fp32; the output has the input's dtype (the CPU op returns fp32 for 16-bit inputs). fp32 uses
-tf32 tensor cores when torch's float32 matmul precision allows them (as SDPA does), else exact fp32 products.
+Kernels: ``triton_kernels.py`` (forward), ``triton_kernels_bwd.py`` (backward), block sizes in ``triton_plan``;
+design and costs: docs/performance.md, "Triton kernel design". Per 64-row program: the row max of s = q k^T, then
+tau from t = -1 by passes that solve the closed form on S = {z > t}, exact when no key lies between t and the
+root on tau's side (no fixed iteration count: ``threshold_passes`` counts them), then O = sum p v written as
+(B, N, H, dv) (plus Og = sum g v / sum g for the backward's delta). The backward recomputes p from the saved
+(zmax, tau): FlashAttention-2's five GEMMs, or an atomic-free pair under ``torch.use_deterministic_algorithms``.
+q, k, v and dO are read through their strides (the fused qkv's slices: no copies). The ops are ``torch.library``
+custom ops with fake kernels, so ``torch.compile`` sees one opaque op each.
 
-Kernels (``backbones/triton_kernels.py``, ``triton_kernels_bwd.py``; block sizes in ``triton_plan._blocks``, measured
-for sm_90, docs/performance.md):
-- forward, one program per (64 query rows, batch*head), 4 warps each owning 16 whole rows (reductions stay in
-  the warp; products are wgmma). Up to 272 keys (ViT-S/16: 197, +4 registers: 201; at 256 px: 257; DINO's local
-  crops: 37) the row's scores stay in registers, in up to three tiles as narrow as powers of two allow (197:
-  128 + 64 + 16 keys, 257: 128 + 128 + 16, 37: 32 + 16): q k^T once, then register arithmetic only. Longer
-  rows recompute q k^T per pass, block by block (the last block only as wide as its keys need); their first
-  sweep finds the row max and a first threshold together (``_first_pass``: the closed form on the keys above
-  the running max - 1, or lower, the root of a normal model of every key's score).
-  1. row max of s = q k^T (padded keys: -inf as the product's initial accumulator); z = c s - c max in one
-     FMA, c = scale/2 (entmax-1.5) or scale (sparsemax): z <= 0, and tau lies in [-1, 0) as p <= 1;
-  2. tau from t = -1: each pass sums |S|, sum d, sum d^2 over S = {z > t}, d = z - t, and solves the closed
-     form on S (the quadratic sum (d - u)^2 = 1; sparsemax: sum (d - u) = 1); the root is tau exactly when no
-     key lies between t and t + u (S is then its support). Which side of tau t lies on is known from the pass
-     before (a root from a superset lies above tau), so each pass measures the nearest key on that side only:
-     min d over S, or the distance from t down to the nearest key outside S. Otherwise the next pass starts
-     from that root, which lies on the other side of tau (entmax-1.5) or below it (sparsemax, Michelot's
-     step). No fixed iteration count, no approximate tau; ``threshold_passes`` reports the passes per row
-     (``kernel_model.threshold_passes`` per 64-row program on real logits). Per score a pass is an FMA (sgn (t - z))
-     and a saturating add (max(z - t, 0): d <= 1), an add and an FMA for the sums, and two integer ops on the
-     FMA's bits (the side's count from its sign bit, the nearest key as an integer min). Block-wise rows
-     never form z: both FMAs take the raw score against w = c max + t (t snapped to w's rounding), so a
-     recomputed block costs no extra op (16-bit and tf32; exact fp32 forms z first: w would round t to c max's
-     ulp);
-  3. O = sum p v, written as (B, N, H, dv) (the layer's transpose back is free); only when a gradient is
-     needed also Og = sum g v / sum g (g = dp/dz up to a row constant) for the backward's delta: p and g from
-     one d = (z - tau)_+ per tile, sum g from the last pass's sums (no extra pass).
-- backward (recomputes p from q, k and the saved (zmax, tau), FlashAttention-style): ds = g (dp - delta),
-  dp = dO v^T, delta = sum(g dp)/sum(g) = rowsum(dO * Og). FlashAttention-2's five GEMMs: delta once per row
-  (a small kernel), then one program per key block over every query block for dK, dV, with dQ added
-  atomically in fp32 and cast by a last small kernel. Atomic adds make dQ's summation order vary from run to
-  run, so under ``torch.use_deterministic_algorithms(True)`` (the project's ``deterministic: true`` presets)
-  the backward is instead one kernel per key block for dK, dV and one per query block for dQ (no atomics;
-  seven GEMMs per tile pair). Key tiles where p = 0 in every row skip their products.
-q, k, v and dO are read through their strides (slices of the layer's fused qkv: no copies). The ops are
-``torch.library`` custom ops (``tokenmix::triton_sparse_attention`` and ``..._bwd``) with fake kernels, so
-FakeTensorMode and ``torch.compile`` see one opaque op each.
-
-On CPU tensors the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` set before Triton is
-first imported): that is how the tests check them without a GPU. Under the interpreter bf16 products are
-computed from operands widened to fp32 (same values; the interpreter's own bf16 ``tl.dot`` is wrong).
+On CPU tensors the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is first
+imported), which is how the tests check them; there bf16 products use operands widened to fp32 (the
+interpreter's own bf16 ``tl.dot`` is wrong).
 """
 from __future__ import annotations
 
@@ -219,11 +184,9 @@ def _four_d(x: Tensor) -> Tensor:
 
 
 def threshold_passes(scores: Tensor, kind: str = "entmax15", single: bool | None = None) -> Tensor:
-    """Per-row number of passes the forward kernel's threshold search takes on ``scores`` (..., N, M)
-    (the kernel itself, run with fp32 exact products on q = scores, k = identity; CUDA or the interpreter).
-    ``single``: the path to count as the 16-bit forward takes it, the register tile up to 272 keys (True) or
-    block-wise in 64-key blocks (False; on a GPU both spill in exact fp32, the counts stay exact); default the
-    path and blocks exact fp32 takes."""
+    """Per-row number of passes the forward kernel's threshold search takes on ``scores`` (..., N, M) (the kernel
+    itself, exact fp32 products on q = scores, k = identity). ``single``: count the 16-bit forward's path, register
+    tiles up to 272 keys (True) or 64-key blocks (False); default: exact fp32's own path."""
     if single and scores.shape[-1] > tp._SINGLE_MAX:
         raise ValueError(f"threshold_passes: the register-tile path holds at most {tp._SINGLE_MAX} keys, "
                          f"got {scores.shape[-1]}")
@@ -243,12 +206,9 @@ def threshold_passes(scores: Tensor, kind: str = "entmax15", single: bool | None
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                      kind: str = "entmax15") -> torch.Tensor:
-    """``normaliser((q @ k^T) * scale) @ v`` over the keys, normaliser entmax-1.5 or sparsemax, in Triton.
-
-    q (..., N, d), k (..., M, d), v (..., M, dv), same leading dims, on CUDA (or CPU under
-    ``TRITON_INTERPRET=1``). Mixed dtypes are cast to the autocast dtype when autocast is on, else to
-    q's dtype. No mask and no attention dropout (the attention layer's unfused path covers those).
-    """
+    """``normaliser((q @ k^T) * scale) @ v``, normaliser entmax-1.5 or sparsemax, in Triton: q (..., N, d),
+    k (..., M, d), v (..., M, dv) on CUDA (or CPU under ``TRITON_INTERPRET=1``), cast to the autocast dtype when
+    autocast is on, else to q's. No mask and no attention dropout."""
     if kind not in ("entmax15", "sparsemax"):
         raise ValueError(f"sparse_attention kind must be 'entmax15' or 'sparsemax', got '{kind}'")
     if q.dim() < 2 or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or \

@@ -1,12 +1,9 @@
-"""The Triton forward kernel behind ``backbones.triton_attention`` (launcher, block sizes and custom ops live there).
+"""The Triton forward kernel behind ``backbones.triton_attention`` and the helpers both directions share (tile
+loads and products: ``triton_tiles``; backward kernels: ``triton_kernels_bwd``).
 
 Notation (per query row): s = q k^T, z = c s - zmax with c = scale/2 (entmax-1.5) or scale (sparsemax), so
 max z = 0 and p = (z - tau)_+^2 (entmax-1.5) or (z - tau)_+ (sparsemax), tau in [-1, 0) (p <= 1 bounds it).
-Tensors are upper case, sizes and strides lower case (``triton_plan._signature`` relies on it). q/k/v/dO
-rows are read through their strides (batch, head, row; the last dimension contiguous): no copies.
-
-The forward kernel and the helpers both directions share (tile loads and products below them:
-``backbones.triton_tiles``); the backward's kernels are in ``backbones.triton_kernels_bwd``.
+Tensors are upper case, sizes and strides lower case (``triton_plan._signature`` relies on it).
 """
 from __future__ import annotations
 
@@ -23,12 +20,10 @@ if triton is not None:
     @triton.jit
     def _support_sums(x, a, w, sgn, FUSED: tl.constexpr):
         """Per row: sum and sum of squares of d = a x - w over S = {d > 0} (register tiles: x = z, a = 1, w = t;
-        block-wise: x = the raw scores s, a = coef, w = zmax + t, so z is never formed: one FFMA per score fewer);
-        and on the side of t that sgn picks (+1: above, S; -1: below) the count of keys strictly there and the
-        nearest one's distance, as the int32 bit pattern of minus it. nd = sgn (w - a x) is one FFMA, exactly
-        -sgn d (one rounding, symmetric), so its sign agrees with d's; its sign bit marks that side's keys, and
-        as int32 the negative nd order by magnitude below every non-negative one: one integer min, no select.
-        Padded keys (x = -inf) are infinitely far below."""
+        block-wise: x = s, a = coef, w = zmax + t, so z is never formed), and on sgn's side of t (+1: above, -1:
+        below) the count of keys and the nearest one's distance, as the int32 bits of minus it. nd = sgn (w - a x)
+        is one FFMA whose sign bit marks that side's keys; as int32 the negative nd order by magnitude below every
+        non-negative one: one integer min, no select. Padded keys (x = -inf) are infinitely far below."""
         nd = (w * sgn)[:, None] - x * (a * sgn)[:, None]
         dp = tl.clamp(x * a - w[:, None], 0.0, 1.0)  # = max(d, 0) as d <= -t <= 1: one saturating FFMA / FADD
         bits = nd.to(tl.int32, bitcast=True)
@@ -45,10 +40,9 @@ if triton is not None:
     @triton.jit
     def _gauss_root(k, s1, s2, t):
         """tau of k normal scores with the mean and variance of the d = z - t given by their sums (k E[(x - tau)_+^2]
-        = 1): Newton in a = (tau - mean) / sd from a = 0, 4 steps, on G(a) = (1 + a^2) Phi(-a) - a phi(a) (convex,
-        decreasing), Phi(-a) by Abramowitz & Stegun 26.2.17 (|error| < 7.5e-8; it shares phi's exponential). The
-        block-wise first sweep's start (see _first_pass): on near-uniform rows (a ViT at random init) the closed
-        form on the running superset has no real root and a Newton step from below lands far from tau."""
+        = 1): 4 Newton steps in a = (tau - mean) / sd on G(a) = (1 + a^2) Phi(-a) - a phi(a), Phi by Abramowitz &
+        Stegun 26.2.17 (|error| < 7.5e-8). The block-wise first sweep's start: on near-uniform rows (a ViT at
+        random init) the closed form on the running superset has no real root."""
         mean = s1 / k
         var = tl.maximum(s2 / k - mean * mean, 1e-20)
         r = 1.0 / (k * var)
@@ -70,19 +64,15 @@ if triton is not None:
 
     @triton.jit
     def _update(t, k, s1, s2, mn, below, ENTMAX: tl.constexpr):
-        """One threshold step from the support sums at t (min d over S: mn; t minus the nearest z outside S:
-        below): (exact, tau, next t, sum of g at tau).
+        """One threshold step from the support sums at t (mn: min d over S; below: t minus the nearest z outside S):
+        (exact, tau, next t, sum of g at tau, next sgn).
 
-        The closed form on S: u with sum_S (d - u)^2 = 1 (sparsemax: sum_S (d - u) = 1). It is tau exactly
-        when S = {z > t + u}, i.e. -below <= u < mn: no key crosses between t and t + u, on either side.
-        Otherwise (entmax-1.5) S was a strict superset of the support and t + u an upper bound, or a subset and
-        t + u a lower bound: the next pass's support then lies on the other side, and the bounds close in
-        monotonically (a finite number of supports). No real root (S far too big): a Newton step from below on
-        ||d_+|| - 1. Sparsemax: u is Michelot's step, always from below. Sum of g =
-        dp/dz at tau (up to the row constant): sum_S (d - u) (entmax-1.5: g = sqrt(p) = z - tau) or |S|
-        (sparsemax), for the backward's Og without another pass. And the next pass's sgn: -1 (its t lies above
-        tau, so the nearest key below t decides) after a root from a superset (sum_S d^2 >= 1 at t: t <= tau),
-        else +1 (a root from a subset, a Newton step, Michelot's step: from below)."""
+        The closed form on S: u with sum_S (d - u)^2 = 1 (sparsemax: sum_S (d - u) = 1) is tau exactly when
+        -below <= u < mn (no key crosses between t and t + u). Otherwise (entmax-1.5) the next support lies on the
+        other side of tau and the bounds close in monotonically; with no real root, a Newton step from below on
+        ||d_+|| - 1. Sparsemax: u is Michelot's step, always from below. Sum of g = dp/dz at tau (up to the row
+        constant): sum_S (d - u) (entmax-1.5) or |S| (sparsemax), for the backward's Og. Next sgn: -1 after a root
+        from a superset (sum_S d^2 >= 1 at t), else +1."""
         k = k.to(tl.float32)
         if ENTMAX:
             disc = _disc(k, s1, s2)
@@ -105,9 +95,8 @@ if triton is not None:
 
     @triton.jit
     def _fold(zc, t, PREC: tl.constexpr):
-        """(w, the t it stands for) of a block-wise pass at t, d = coef s - w. 16-bit and tf32: w = zmax + t (z is
-        never formed) below zmax (or the max key could leave S), t snapped to w's rounding (Sterbenz-exact where
-        |zmax| >= 2), zmax's ulp being far below the products' rounding. Exact fp32 forms z = coef s - zmax first
+        """(w, the t it stands for) of a block-wise pass at t, d = coef s - w. 16-bit and tf32: w = zmax + t below
+        zmax, t snapped to w's rounding (zmax's ulp is far below the products' rounding). Exact fp32 forms z first
         (w = t): zmax + t would round t to zmax's ulp (5e-4 at |s| ~ 1e4)."""
         if PREC == "ieee":
             return t, t
@@ -128,12 +117,10 @@ if triton is not None:
     def _row_sums(z_a, z_b, z_c, t, sgn, q, K, k_off, s_kn, m, last, stop, coef, zc, BLOCK_N: tl.constexpr,
                   MID_N: tl.constexpr, LAST_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr,
                   PREC: tl.constexpr, SINGLE: tl.constexpr, TWO: tl.constexpr, FUSED: tl.constexpr):
-        """_support_sums over the whole row (the register tiles z_a, and z_b with TWO, or z recomputed block by
-        block: the blocks before ``stop`` in a loop, then the last one, masked; ``last``, ``stop``: see
-        _fwd_kernel) as |S|, sum d, sum d^2, min d over S and the distance from t down to the nearest key outside
-        S; only sgn's side is measured, the other is taken as EPS (min d: a root up to EPS above t is t, as _update
-        takes one down to EPS below t) or 0. Below t (sgn -1) the keys equal to t count in S, with d = 0: they
-        are in the support of any root u < 0. Last, the t these sums are at (block-wise: snapped, see _fold)."""
+        """_support_sums over the whole row (register tiles, or z recomputed block by block, the last block masked) as
+        |S|, sum d, sum d^2, min d over S and the distance down to the nearest key outside S; only sgn's side is
+        measured, the other taken as EPS or 0. Below t the keys equal to t count in S with d = 0 (they are in the
+        support of any root u < 0). Last, the t these sums are at (block-wise: snapped, see _fold)."""
         if SINGLE:
             k, s1, s2, nb = _support_sums(z_a, 1.0, t, sgn, FUSED)
             slots = BLOCK_N
@@ -181,14 +168,11 @@ if triton is not None:
     @triton.jit
     def _first_pass(q, K, k_off, s_kn, m, last, stop, coef, zero, BLOCK_N: tl.constexpr, LAST_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, D: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr):
-        """(coef * row max of s, a first t, its sgn) in one sweep of q k^T over the key blocks of a block-wise row:
-        with the row max, the closed form on S' = the keys above the running max minus 1/coef when their block was
-        read (in z: above -1 then). The running max only grows, so S' holds {z > -1}, hence the support, and the
-        root bounds tau from above (entmax-1.5; sparsemax: Michelot's step, from below). S' need not be a level
-        set (a max found in a later block leaves keys below -1 in it), so this sweep settles no row. Entmax-1.5
-        starts from the normal model of every key (_gauss_root), kept below that root (not above the Newton step
-        where there is no real root: keys of S' below -1 enter its sums with d < 0, so that step may overshoot).
-        Sums are of y = coef (s - ref), ref = the first block's max (shifted at the end; clamped to [-1, 0))."""
+        """(coef * row max of s, a first t, its sgn) in one sweep over a block-wise row's key blocks: with the row max,
+        the closed form on S' = the keys above the running max minus 1/coef when read. The running max only grows,
+        so S' holds the support and the root bounds tau from above (sparsemax: Michelot's step, from below); S' need
+        not be a level set, so this sweep settles no row. Entmax-1.5 starts from the normal model (_gauss_root),
+        kept below that root. Sums are of y = coef (s - ref), ref = the first block's max."""
         s = _scores(q, K, k_off, s_kn, 0, m, BLOCK_N, BLOCK_D, D, PREC, True)  # m may end in the first block
         smax = tl.max(s, 1)
         ref_c = smax * coef
@@ -361,12 +345,9 @@ if triton is not None:
                     ENTMAX: tl.constexpr, SINGLE: tl.constexpr, TWO: tl.constexpr, NEED_OG: tl.constexpr,
                     COUNT: tl.constexpr, MAX_PASSES: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr):
         """O = sum p v per query row of one (query block, batch*head); (zmax, tau) to STATS; with NEED_OG also
-        OG = sum g v / sum g (the backward's delta); with COUNT the threshold passes per row to PASSES. SINGLE: the
-        row's scores stay in registers (q k^T once): one tile of BLOCK_N keys, or with TWO two (keys 0..BLOCK_N and
-        BLOCK_N..BLOCK_N + MID_N, so that p and g of one tile are 16-bit tiles beside the fp32 scores without
-        spilling), and where LAST_N < BLOCK_N a third of LAST_N keys after them (widths: ``triton_plan._tiles``, as
-        few padded keys as powers of two allow: each pass works on every key held); else every pass recomputes
-        q k^T block by block, the last block LAST_N keys wide (the power of two >= 16 holding the keys left)."""
+        OG = sum g v / sum g (the backward's delta); with COUNT the passes per row to PASSES. SINGLE: the row's
+        scores stay in registers (q k^T once) in up to three tiles (BLOCK_N, MID_N with TWO, LAST_N; widths:
+        ``triton_plan._tiles``); else every pass recomputes q k^T block by block, the last block LAST_N keys wide."""
         bh = tl.program_id(1)
         b, h = bh // heads, bh % heads
         start_m = tl.program_id(0) * BLOCK_M

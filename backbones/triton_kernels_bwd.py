@@ -1,9 +1,7 @@
-"""The Triton backward kernels behind ``backbones.triton_attention`` (notation: ``backbones.triton_kernels``).
-
-Two paths (``triton_plan._plan`` picks one): FlashAttention-2's five GEMMs per tile in one pass over key
-blocks, dQ added atomically in fp32 (``_bwd_delta_kernel``, ``_bwd_kernel``, ``_bwd_dq_cast_kernel``), or, when
-torch's deterministic mode is on, no atomics: one pass over key blocks for dK, dV and one over query blocks for dQ
-(``_bwd_kv_kernel``, ``_bwd_q_kernel``: seven GEMMs per tile pair, delta recomputed per tile).
+"""The Triton backward kernels behind ``backbones.triton_attention`` (notation: ``backbones.triton_kernels``):
+FlashAttention-2's five GEMMs per tile, dQ added atomically in fp32 (``_bwd_delta_kernel``, ``_bwd_kernel``,
+``_bwd_dq_cast_kernel``), or under torch's deterministic mode no atomics (``_bwd_kv_kernel``, ``_bwd_q_kernel``:
+seven GEMMs per tile pair, delta recomputed per tile).
 """
 from __future__ import annotations
 
@@ -110,12 +108,8 @@ if triton is not None:
     @triton.jit
     def _bwd_delta_kernel(DO, OG, DELTA, n, heads, sd_b, sd_h, sd_n, DV: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_DV: tl.constexpr):
-        """delta = rowsum(dO * Og) (fp32, (B*H, N)) once per query row, for ``_bwd_kernel``.
-
-        delta = sum_j g_j dp_j / sum_j g_j with dp = dO v^T, i.e. rowsum(dO * Og), Og = sum g v / sum g. Unlike
-        softmax, where g = p and delta = rowsum(dO * O), entmax-1.5 has g = sqrt(p) != p (sparsemax: g = [p > 0]),
-        so Og is its own tensor (stored by the forward, contiguous (B*H, N, dv)); this reads it once per row
-        instead of once per (key block, query block) pair."""
+        """delta = rowsum(dO * Og) (fp32, (B*H, N)) once per query row for ``_bwd_kernel``: delta = sum g dp / sum g,
+        and unlike softmax g = sqrt(p) != p (sparsemax: [p > 0]), so Og is the forward's own tensor."""
         bh = tl.program_id(1)
         b, h = bh // heads, bh % heads
         start_m = tl.program_id(0) * BLOCK_M
@@ -130,11 +124,9 @@ if triton is not None:
                     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ENTMAX: tl.constexpr, PREC: tl.constexpr):
         """One key block over every query block, FlashAttention-2's five GEMMs per tile: s = q k^T, dV += p^T dO,
-        dp = dO v^T, dK += ds^T q, and dQ += scale * ds k added atomically to the fp32 DQ_ACC (B*H, N, d), zeroed
-        by the launcher and cast by ``_bwd_dq_cast_kernel``. ds = g (dp - delta), delta from
-        ``_bwd_delta_kernel``. Tiles are kept transposed (keys x queries: s^T = k q^T, dp^T = v dO^T, dQ^T =
-        k^T ds^T), so every product has the key block or d as its 64-row wgmma side and the query block can be
-        smaller than 64 rows: fewer padded rows (N = 197: 224 rows in blocks of 32, 256 in blocks of 64)."""
+        dp = dO v^T, dK += ds^T q, and dQ += scale * ds k atomically into the fp32 DQ_ACC (cast by
+        ``_bwd_dq_cast_kernel``); ds = g (dp - delta). Tiles are kept keys x queries, so every product has a 64-row
+        wgmma side and the query block can be 32 rows: fewer padded rows (N = 197: 224 rows, not 256)."""
         bh, b, h, start_n, coef, k, v = _key_block(K, V, scale, m, heads, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, D, DV,
                                                    BLOCK_N, BLOCK_D, BLOCK_DV, ENTMAX)
         dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)

@@ -55,11 +55,10 @@ def _prec(dtype: torch.dtype) -> str:
 
 
 def _blocks(m: int, dtype: torch.dtype, prec: str, need_grad: bool, arch: int = 90, entmax: bool = True) -> dict:
-    """Block sizes and warps, each choice measured by compiling for sm_90 (registers, spills, wgmma:
-    docs/performance.md, "Triton kernel design"). 64 query rows per warpgroup of 4 warps: each warp owns 16
-    whole rows, so the threshold's row reductions stay in the warp, and the products are wgmma. ``tiles``: the
-    forward's register tiles (see _tiles), None for block-wise rows (``block_n`` keys per block); ``bwd_*``: the
-    deterministic backward's (1 stage); ``fa2``: the 5-GEMM backward's (query block, key block, warps, stages)."""
+    """Block sizes and warps, each measured by compiling for sm_90 (docs/performance.md, "Triton kernel design").
+    ``tiles``: the forward's register tiles (see _tiles), None for block-wise rows (``block_n`` keys per block);
+    ``bwd_*``: the deterministic backward's (1 stage); ``fa2``: the 5-GEMM backward's (query block, key block,
+    warps, stages)."""
     one = (max(16, triton.next_power_of_2(m)), 0, 0) if m <= 64 else None  # fp32: one register tile
     if prec == "ieee":  # exact fp32 on CUDA cores: 16-row blocks, or it spills (one tile: inference only)
         return dict(tiles=None if need_grad else one, block_m=16, block_n=32, fwd_warps=4, bwd_m=16, bwd_n=32,
@@ -82,8 +81,7 @@ def _blocks(m: int, dtype: torch.dtype, prec: str, need_grad: bool, arch: int = 
 @functools.lru_cache(maxsize=None)
 def _tiles(m: int) -> tuple[int, int, int]:
     """Widths (a, b, c) of the 16-bit forward's register tiles for m <= 272 keys (0: none), powers of two >= 16,
-    c <= b <= a <= 128, c < a: the fewest padded keys (every pass works on each key held), then the fewest tiles.
-    197 keys: 128 + 64 + 16 (was 128 + 128), 37: 32 + 16 (was 64), 257: 128 + 128 + 16."""
+    c <= b <= a <= 128, c < a: the fewest padded keys, then the fewest tiles (197: 128 + 64 + 16; 37: 32 + 16)."""
     widths = (16, 32, 64, 128)
     fits = [(a, b, c) for a in widths for b in (0, *widths) if b <= a for c in (0, *widths)
             if c <= b and c < a and a + b + c >= m]
@@ -92,9 +90,8 @@ def _tiles(m: int) -> tuple[int, int, int]:
 
 def _plan(n: int, m: int, dtype: torch.dtype, d: int, dv: int, bh: int, entmax: bool, need_grad: bool,
           count: bool = False, deterministic: bool = False, arch: int = 90, single: bool | None = None):
-    """(name, kernel, grid, constexprs, launch options) of every launch: the one block-size choice, used by
-    the launcher and by :func:`kernel_launches`. The backward: FlashAttention-2's 5 GEMMs with atomic dQ, or
-    (``deterministic``) the two atomic-free kernels."""
+    """(name, kernel, grid, constexprs, launch options) of every launch: the one block-size choice, for the launcher
+    and :func:`kernel_launches`; the backward's 5-GEMM atomic kernels, or (``deterministic``) the atomic-free pair."""
     prec = _prec(dtype)
     cfg = _blocks(m, dtype, prec, need_grad, arch, entmax)
     if single is not None:  # threshold_passes: the 16-bit forward's register tiles or key blocks, on exact fp32
@@ -152,10 +149,9 @@ def _signature(fn, dtype: torch.dtype, constexprs: dict) -> dict[str, str]:
 def kernel_launches(n: int, dtype: torch.dtype, kind: str = "entmax15", head_dim: int = 64, bh: int = 384,
                 need_grad: bool = True, m: int | None = None, deterministic: bool | None = None,
                 arch: int = 90) -> list[KernelLaunch]:
-    """The kernels the launcher runs for q of ``n`` rows and ``m`` (default n) keys, with the block sizes it
-    picks (fp32: for torch's current float32 matmul precision) on a GPU of compute capability ``arch`` (90: H100 /
-    H200). ``deterministic`` (default: torch's current ``torch.are_deterministic_algorithms_enabled()``, what the
-    backward checks when it runs) picks the atomic-free backward."""
+    """The kernels the launcher runs for ``n`` query rows and ``m`` (default n) keys, with the block sizes it picks
+    (fp32: by torch's float32 matmul precision) for compute capability ``arch``; ``deterministic`` (default: torch's
+    current setting) picks the atomic-free backward."""
     if triton is None:
         raise RuntimeError("kernel_launches needs Triton")
     m = n if m is None else m
@@ -169,8 +165,7 @@ def kernel_launches(n: int, dtype: torch.dtype, kind: str = "entmax15", head_dim
 
 
 def _vit_scalars(n: int, m: int, d: int, heads: int = 6) -> dict[str, int]:
-    """Integer arguments as a ViT layer passes them: q (first n tokens), k, v slices of qkv (B, M, 3, H, d),
-    O and dO as (B, N, H, d)."""
+    """Integer arguments of a ViT layer: q, k, v slices of qkv (B, M, 3, H, d), O and dO as (B, N, H, d)."""
     qkv = dict(b=m * 3 * heads * d, h=d, n=3 * heads * d)
     out = dict(b=n * heads * d, h=d, n=heads * d)
     strides = {f"s{t}_{a}": v for t, lay in (("q", qkv), ("k", qkv), ("v", qkv), ("o", out), ("d", out))

@@ -47,8 +47,7 @@ if triton is not None:
     @triton.jit
     def _scores(q, K, k_off, s_kn, start, m, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr,
                 PREC: tl.constexpr, MASK: tl.constexpr):
-        """s = q k^T for keys start..start+BLOCK_N (raw, unscaled); with MASK keys past m get -inf (without,
-        the block must lie below m)."""
+        """Raw s = q k^T for keys start..start+BLOCK_N; MASK: keys past m get -inf (else the block lies below m)."""
         k = _block(K, k_off, s_kn, start, m, BLOCK_N, BLOCK_D, D, MASK)
         if MASK:  # -inf as the product's initial accumulator: no per-score select
             bias = tl.where(start + tl.arange(0, BLOCK_N) < m, 0.0, float("-inf"))

@@ -1,11 +1,6 @@
-"""Variant names: one attention normaliser and one global-token strategy, written ``norm+strategy``.
-
-The paper's variants: ``softmax`` (plain CLS baseline), ``entmax``, ``registers``, ``specialization``,
-``lastvit``; combinations such as ``entmax+lastvit``. Components may come in any order; the canonical
-name puts the normaliser first and drops the defaults (softmax, cls).
-
-Both axes are str-valued enums, so YAML/CLI values and comparisons with the plain names keep working:
-``parse_variant("entmax+lastvit").strategy == "lastvit"``.
+"""Variant names: one attention normaliser and one global-token strategy, written ``norm+strategy`` in any order
+(``entmax+lastvit``); the canonical name puts the normaliser first and drops the defaults (softmax, cls). Both
+axes are str-valued enums, so YAML/CLI values compare equal to the plain names.
 """
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """DAVIS label propagation: the transcribed official loop (``official/dino_video_segmentation.py``: the (hw)²
 neighbourhood mask from four nested Python loops once per video, the dense (context·hw)² affinity per frame)
-against ``probes/davis.py`` (an index table per grid, only the neighbourhood's candidates), on the same features of
-one fixture-like sequence at DAVIS's grid, backbone excluded (both would run the same one).
+against ``probes/video/propagation.py`` (an index table per grid, only the neighbourhood's candidates), on the same
+features of one fixture-like sequence at DAVIS's grid, backbone excluded (both would run the same one).
 
 ``run(quick=False) -> {"rows": [...], "speedup_val": official / ours, "identical_masks": ...}``. Full: 6 frames at a
 30 x 52 grid (DAVIS 480p, 480 x 832 input at patch 16), D = 384 (ViT-S), 3 objects; quick: a 12 x 20 grid.
 Also times our metrics per object-frame at 480 x 854 and a ViT-S/16 forward per frame at 480 x 832, the counts the
-prediction of a full DAVIS val run in docs/probes.md multiplies.
+prediction of a full DAVIS val run in docs/probes/video.md multiplies.
 """
 from __future__ import annotations
 
@@ -62,13 +62,13 @@ def official_loop(feats: torch.Tensor, first: torch.Tensor, patch: int, frame_hw
 
 
 def ours(feats: torch.Tensor, first: torch.Tensor, patch: int, frame_hw) -> np.ndarray:
-    from probes.davis import PropagationConfig, label_maps, neighbourhood, propagate_video
+    from probes.video.propagation import PropagationOptions, label_maps, neighbourhood, propagate_video
     neighbourhood.cache_clear()  # the per-grid table counts, as the official mask does once per video
-    return label_maps(propagate_video(feats, first, PropagationConfig()), patch, frame_hw)
+    return label_maps(propagate_video(feats, first, PropagationOptions()), patch, frame_hw)
 
 
 def _metrics_per_object_frame(frames: int = 8) -> float:
-    from probes.davis_metrics import sequence_scores
+    from probes.video.davis_metrics import sequence_scores
     gt = np.zeros((frames + 2, 480, 854), np.uint8)
     gt[:, 100:300, 200:500] = 1
     pred = np.roll(gt, 7, axis=2)
@@ -110,10 +110,10 @@ def run(quick: bool = False) -> dict:
     val_off, val_ours = 30 * t_mask + 1969 * off_frame, 1969 * t_ours / n
     rows = [{"name": f"official mask build, {cfg['h']}x{cfg['w']} grid (once per video)", "value": t_mask, "unit": "s"},
             {"name": "official propagation per frame", "value": off_frame, "unit": "s"},
-            {"name": "probes/davis.py per frame (index table included)", "value": t_ours / n, "unit": "s",
+            {"name": "probes/video/propagation.py per frame (index table included)", "value": t_ours / n, "unit": "s",
              "ratio": t_ours / n / off_frame},
             {"name": "DAVIS val counts at this grid: official", "value": val_off, "unit": "s"},
-            {"name": "DAVIS val counts at this grid: probes/davis.py", "value": val_ours, "unit": "s",
+            {"name": "DAVIS val counts at this grid: probes/video/propagation.py", "value": val_ours, "unit": "s",
              "ratio": val_ours / val_off}]
     out = {"bench": "label_propagation", "config": cfg, "rows": rows, "speedup_val": val_off / val_ours,
            "identical_masks": bool(np.array_equal(a, b)), "official_mask_s": t_mask, "official_s_per_frame": off_frame,

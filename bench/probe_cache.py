@@ -61,8 +61,8 @@ def _measure(cfg: dict, cache: bool) -> tuple[list[float], int]:
 
     from backbones import create_vit
     from datamodules.segmentation import SegmentationDataModule
-    from probes.features import FeatureSpec, FrozenFeatures
-    from probes.module_seg import SegmentationProbe
+    from probes.core.features import FeatureSpec, FrozenFeatures
+    from probes.dense.module_seg import SegmentationProbe
 
     L.seed_everything(0, verbose=False)
     vit = create_vit(cfg["arch"], "softmax")

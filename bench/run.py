@@ -6,7 +6,7 @@ Comparisons (a module ``bench/<name>.py`` with ``run(quick: bool = False) -> {"r
   multicrop_batched  data.augment_on: decode-only vs full CPU workers (img/s per core), the batched augmentation
   probe_cache  probe epoch 1 vs later epochs
   dino_step    one DINO training step: plain main_dino.py-style loop vs DINOPretrainModule eager / compiled
-  label_propagation  DAVIS label propagation: the transcribed official loop vs probes/davis.py, same features
+  label_propagation  DAVIS label propagation: the official loop vs probes/video/propagation.py, same features
 ``--quick`` uses tiny sizes (smoke test). On a GPU machine the comparisons measure the GPU. Timing, the machine
 line and the table: ``bench.harness``.
 """

@@ -1,13 +1,8 @@
-"""Datasets in their real on-disk layouts, protocol transforms and Lightning DataModules.
+"""Datasets in their real on-disk layouts, protocol transforms and Lightning DataModules (docs/data.md).
 
-``build_dataset(name, root, split, transform=None, **kw)`` opens any of ``DATASET_NAMES``. Without a transform
-an item is a dict ("image" uint8 (3, H, W), "mask" int64 ignore 255, "depth" float32 metres, "boxes",
-"box_labels", "label", "path": whichever the dataset has). See docs/data.md.
-
-The names below are loaded on first use (``registry``, ``errors``): importing a light submodule such as
-``datamodules.demo`` (whose generator workers start in fresh processes) does not import torch and every layout.
-
->>> from datamodules import build_dataset, DATASET_NAMES   # loads the registry
+``build_dataset(name, root, split, transform=None, **kw)`` opens any of ``DATASET_NAMES``. The names below load
+on first use, so importing a light submodule such as ``datamodules.demo`` (whose generator workers start in fresh
+processes) does not import torch and every layout.
 """
 from __future__ import annotations
 

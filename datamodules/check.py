@@ -1,8 +1,8 @@
 """``python -m datamodules.check --task <dataset> --data-root R`` (make check-data): decode every file of every
 split, print counts next to the official ones and list every missing, corrupt or out-of-range file.
 
-Exit code 0: everything present decodes and is in range. 1: at least one problem (or nothing found).
-Count differences from the official numbers are warnings (a partial copy is legitimate) unless --strict-counts.
+Exit code 1 on any problem (or nothing found); count differences are warnings (a partial copy is legitimate)
+unless --strict-counts.
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from itertools import islice
 
 import numpy as np
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
     progress = None if args.no_progress else Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
         console=console, transient=True)
-    with (progress or _Null()):
+    with (progress or nullcontext()):
         rows, problems, errors = _check_splits(name, splits, args, console, progress)
     return _report(console, f"{name} @ {args.data_root or '(demo)'}", rows, problems, errors)
 
@@ -169,14 +170,6 @@ def main(argv=None) -> int:
 def _official(name: str, split: str, ds=None):
     counts = ds.OFFICIAL_COUNTS if ds is not None else getattr(DATASETS[name], "OFFICIAL_COUNTS", {})
     return counts.get(split)
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 if __name__ == "__main__":

@@ -8,11 +8,8 @@ from .transforms import LinearProbeTrain, ResizeCenterCrop, floor_to_multiple
 
 class ClassificationDataModule(DataModuleBase):
     """Train: RandomResizedCrop(img_size) + flip (``eval_linear.py``; ``train_aug=False``: the eval view, as
-    ``eval_knn.py`` for both splits); val: Resize(img_size*256/224, bicubic) + CenterCrop(img_size). ``img_size`` is
-    rounded down to a multiple of ``patch_size``. Images stay uint8 (the model normalises).
-
-    >>> dm = ClassificationDataModule("demo_cls", "", img_size=56, patch_size=8, batch_size=64)  # doctest: +SKIP
-    """
+    ``eval_knn.py``); val: Resize(img_size*256/224, bicubic) + CenterCrop(img_size), ``img_size`` rounded down to
+    a multiple of ``patch_size``. Images stay uint8 (the model normalises)."""
 
     def __init__(self, data: str = "imagenet", data_root: str = "", img_size: int = 224, patch_size: int = 16,
                  train_aug: bool = True, **kw):

@@ -1,9 +1,8 @@
 """Shared Lightning DataModule of the evaluation protocols: dataset name + root + splits + protocol view + loaders.
 
-Every process reads a fixed shard of each split (:class:`ShardSampler`): training shards have equal lengths, so every
-process takes the same number of steps; evaluation shards hold every sample exactly once (no padding, so a metric
-summed over processes counts no sample twice). Items carry ``"index"``, their position in the split (the key of the
-probes' feature cache; the predict outputs are gathered back into split order with it).
+Every process reads a fixed shard of each split (:class:`ShardSampler`): equal lengths for training (the same
+step count everywhere), every sample exactly once for evaluation (no padding: no sample counted twice). Items
+carry ``"index"``, their position in the split (the feature cache's key; predict outputs are gathered with it).
 """
 from __future__ import annotations
 
@@ -42,17 +41,14 @@ def shard_indices(n: int, rank: int, world: int) -> list[int]:
 
 
 def evenly_spaced(ds: Dataset, n: Optional[int]) -> Dataset:
-    """``n`` evenly spaced samples of ``ds`` (class-sorted folders: every class stays represented); all when n is
-    None or not smaller."""
+    """``n`` evenly spaced samples of ``ds`` (every class of a class-sorted folder stays); all when n is None."""
     if not n or n >= len(ds):
         return ds
     return Subset(ds, torch.linspace(0, len(ds) - 1, n).round().long().unique().tolist())
 
 
 class SplitView(Dataset):
-    """One split as the protocol sees it: ``transform(item)`` plus ``"index"`` (the item's position here).
-    ``transform=None`` gives the items as stored. Other attributes (``classes``, ``num_skipped``, ...) are the
-    dataset's."""
+    """One split as the protocol sees it: ``transform(item)`` plus ``"index"``; other attributes are the dataset's."""
 
     def __init__(self, dataset: Dataset, transform: Optional[Callable[[dict], dict]] = None):
         self.dataset, self.transform = dataset, transform
@@ -77,10 +73,9 @@ class SplitView(Dataset):
 
 
 class ShardSampler(DistributedSampler):
-    """Process ``rank``'s fixed part of a dataset (``shard_indices``). ``train=True``: the first n - n % world
-    samples (equal lengths, as DistributedSampler(drop_last=True)), reshuffled every epoch as ``RandomSampler``
-    does (global RNG); ``train=False``: every sample once, in order. A DistributedSampler, so Lightning never wraps
-    it in its own (padding) one."""
+    """Process ``rank``'s fixed part of a dataset. ``train=True``: the first n - n % world samples (equal lengths),
+    reshuffled every epoch from the global RNG; else every sample once, in order. A DistributedSampler, so
+    Lightning never wraps it in its own (padding) one."""
 
     def __init__(self, dataset: Dataset, rank: int = 0, world: int = 1, train: bool = False):
         super().__init__(dataset, num_replicas=world, rank=rank, shuffle=train, drop_last=train)
@@ -99,19 +94,9 @@ class ShardSampler(DistributedSampler):
 
 class DataModuleBase(pl.LightningDataModule):
     """Subclasses give ``default_transforms() -> (train, val)``; the base class gives the items as stored.
-
-    Args:
-        data: dataset name for ``datamodules.build_dataset`` (``demo_*`` for the generated data).
-        data_root: dataset folder ('' = not given: an error naming the expected layout, except for demo_*).
-        train_split / val_split: split names of that dataset ('' = none).
-        train_transform / val_transform: dict -> dict callables; None = the protocol defaults.
-        dataset_kwargs: extra options for the dataset (e.g. {"split_file": ...}, {"boxes": "auto"}).
-        skip_corrupt: skip and count unreadable samples instead of raising.
-        max_samples: keep that many evenly spaced samples of each split (None: all).
-
-    >>> dm = DataModuleBase("demo_voc", "", train_split="", val_split="val")   # doctest: +SKIP
-    >>> dm.setup("validate"); dm.val_set[0].keys()                            # doctest: +SKIP
-    """
+    ``data_root`` '' = not given (an error naming the layout, except for demo_*); split names '' = none;
+    transforms None = the protocol defaults; ``dataset_kwargs``: extra dataset options (e.g. ``{"boxes":
+    "auto"}``); ``max_samples``: that many evenly spaced samples of each split (None: all)."""
 
     def __init__(self, data: str, data_root: str = "", train_split: str = "train", val_split: str = "val",
                  batch_size: int = 32, num_workers: int = 0, train_transform: Optional[Callable] = None,

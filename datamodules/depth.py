@@ -6,11 +6,9 @@ from .demo.names import demo_dataset
 
 
 class DepthDataModule(DenseDataModule):
-    """The dense probes' view (``DenseDataModule``). Depth benchmarks evaluate their ``test`` split. SUN RGB-D
-    and the KITTI/NYU Eigen tests are evaluation sets: set ``train_data``/``train_root`` to train on another
-    dataset (e.g. NYUv2 train, then validate on SUN RGB-D).
-    ``eval_mask(depth)``: the pixels that count in the metrics, by the validation set's own protocol
-    (``DepthDataset.eval_settings``: ``datamodules/depth_protocol.py``, or a custom dataset's options)."""
+    """The dense probes' view (``DenseDataModule``); depth benchmarks evaluate their ``test`` split, and SUN RGB-D and
+    the Eigen tests train on another dataset (``train_data``/``train_root``). ``eval_mask(depth)``: the pixels
+    that count, by the validation set's protocol (``DepthDataset.eval_settings``)."""
 
     def __init__(self, data: str = "nyuv2", data_root: str = "", val_split: str = "test",
                  train_data: str | None = None, train_root: str | None = None, **kw):

@@ -1,17 +1,9 @@
 """The depth evaluation protocol of each dataset (which pixels count, up to which depth), and the KITTI KB crop.
 
-The protocols are those of zhyever/Monocular-Depth-Estimation-Toolbox (``depth/datasets/{nyu,sunrgbd,kitti}.py``),
-which the DINOv2 line of work evaluates with. One table each: ``DEPTH_RANGES`` (min < gt < max),
-``EVAL_CROP`` and ``EVAL_CLIP``. ``eval_settings(name)``: a benchmark's (min, max, crop, clip), the form every
-depth dataset gives (``DepthDataset.eval_settings``; ``custom_depth`` from its own options). ``settings_mask`` /
-``eval_depth_mask(name, depth)``: the clip first, then the eval crop AND min < gt < max.
-  * NYUv2: Eigen crop rows 45:471, cols 41:601 of 480x640 (other sizes: the same fractions, e.g. demo data).
-  * SUN RGB-D: gt and prediction clipped at 8 m first (so every gt > 0 counts, 8 m at most), then the Eigen
-    crop at the same absolute indices [45:471, 41:601] whatever the frame size ('eigen_abs').
-  * KITTI: input and gt KB-cropped to 352x1216 (``kb_crop``: top = H - 352, left = (W - 1216) // 2, done by
-    ``KITTIDataset``), then the Garg crop rows 0.40810811-0.99189189, cols 0.03594771-0.96405229 of the
-    *cropped* map. ``crop='eigen'`` on KITTI is KITTI's Eigen crop (rows 0.3324324-0.91351351, cols
-    0.0359477-0.96405229, as BTS and the toolbox), not NYU's.
+The protocols of zhyever/Monocular-Depth-Estimation-Toolbox (``depth/datasets/{nyu,sunrgbd,kitti}.py``), which
+the DINOv2 line of work evaluates with, one table each: ``DEPTH_RANGES`` (min < gt < max), ``EVAL_CROP`` and
+``EVAL_CLIP``; the clip applies first, then the crop AND the range. The crops' numbers and their sources:
+docs/data.md ("eval_depth_mask"). ``crop='eigen'`` on KITTI is KITTI's Eigen crop (as BTS), not NYU's.
 """
 from __future__ import annotations
 
@@ -78,8 +70,7 @@ def eval_settings(name: str) -> EvalSettings:
 
 
 def settings_mask(settings: EvalSettings, depth: torch.Tensor) -> torch.Tensor:
-    """Bool mask of the pixels that count under ``settings``: the clip first (a 12 m pixel counts, as 8 m), then
-    the crop AND min < gt < max."""
+    """Pixels that count under ``settings``: the clip first (12 m counts, as 8 m), then crop AND min < gt < max."""
     lo, hi, crop, clip = settings
     if clip is not None:
         depth = depth.clamp(max=clip)
@@ -88,10 +79,8 @@ def settings_mask(settings: EvalSettings, depth: torch.Tensor) -> torch.Tensor:
 
 
 def eval_depth_mask(name: str, depth: torch.Tensor, crop: str | None | bool = True) -> torch.Tensor:
-    """Bool mask of the pixels that count in the metrics, same shape as ``depth`` ((H, W) or (B, H, W)).
-
-    crop=True uses the dataset's standard crop, False/None none, or a crop name ('eigen', 'garg', ...).
-    The dataset's clip (SUN RGB-D 8 m) applies first, as in the toolbox: a 12 m pixel counts, as 8 m."""
+    """Bool mask (shaped like ``depth``) of the pixels that count. ``crop``: True = the dataset's standard crop,
+    False/None none, or a name ('eigen', 'garg', ...); the dataset's clip (SUN RGB-D 8 m) applies first."""
     key, lo, hi, kind = depth_config(name)
     if crop is not True:
         kind = crop or None

@@ -1,7 +1,5 @@
-"""Exceptions for bad data. Every message names the file, what was expected and how to fix it.
-
-``DatasetError`` subclasses ``ValueError`` so callers that only know the standard library still
-catch it. ``SampleError`` marks a problem with one sample (the ones ``skip_corrupt=True`` skips).
+"""Exceptions for bad data; every message names the file, what was expected and how to fix it. ``DatasetError``
+is a ``ValueError``; ``SampleError`` marks one sample's problem (what ``skip_corrupt=True`` skips).
 """
 from __future__ import annotations
 

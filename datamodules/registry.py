@@ -23,9 +23,7 @@ from .datasets.voc import VOC07Dataset, VOCAugDataset, VOCDataset
 from .demo.layouts import seg_palette
 from .demo.names import DEMO_DATASETS, demo_dataset, is_demo
 from .demo.scenes import SEG_CLASSES
-from .errors import (CorruptFileError, DatasetError, DepthFormatError, EmptyDatasetError, LabelRangeError,
-                     MissingDataError, SampleError, SizeMismatchError, SplitFileError, UnknownDatasetError,
-                     needs_data_root)
+from .errors import MissingDataError, UnknownDatasetError, needs_data_root
 
 
 # --- the demo datasets: the real loaders pointed at the generated data (make demo-data) -------------------
@@ -90,16 +88,9 @@ def _demo_root(name: str, root) -> Path:
 
 
 def resolve_data(data: str, data_root, demo: str) -> tuple[str, Path]:
-    """(dataset name, root) that a DATA / DATA_ROOT pair names. DATA ``demo`` (or ''): the generated dataset ``demo``
-    (e.g. "demo_voc"; a DATA that names a demo dataset itself, e.g. "demo_nyu": that one; the rule is ``is_demo``)
-    in DATA_ROOT when given (an existing demo folder, e.g. a smaller one the tests generate), else in data/demo
-    (generated on first use, ``make demo-data``). A real dataset needs DATA_ROOT.
-
-    >>> resolve_data("voc", "", "demo_voc")
-    Traceback (most recent call last):
-    ...
-    datamodules.errors.MissingDataError: DATA=voc needs --data-root (DATA_ROOT=<folder>): ...
-    """
+    """(dataset name, root) that a DATA / DATA_ROOT pair names. DATA ``demo`` (or '', or a demo name such as
+    "demo_nyu": ``is_demo``): the demo dataset in DATA_ROOT when given, else in data/demo (generated on first use).
+    A real dataset needs DATA_ROOT (``MissingDataError`` otherwise)."""
     data = (data or "demo").strip()
     if is_demo(data):
         demo = demo_dataset(data, demo)

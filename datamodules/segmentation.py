@@ -5,8 +5,7 @@ from .datamodule_base import DenseDataModule
 
 
 class SegmentationDataModule(DenseDataModule):
-    """The dense probes' view (``DenseDataModule``). ``num_classes``: the dataset's (VOC 21, ADE20K 150,
-    Cityscapes 19, demo VOC 9)."""
+    """The dense probes' view; ``num_classes``: the dataset's (VOC 21, ADE20K 150, Cityscapes 19, demo VOC 9)."""
 
     def __init__(self, data: str = "voc", data_root: str = "", **kw):
         super().__init__(data, data_root, **kw)

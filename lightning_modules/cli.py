@@ -1,12 +1,8 @@
-"""The LightningCLI of ``make pretrain`` (``PretrainCLI``): the argument list it parses, the configuration resolved
-once, and the Trainer every training run gets.
-
-Arguments, in the order LightningCLI applies them: the preset (``configs/pretrain/<preset>.yaml``), the variant's
-files (``configs/variants/<part>.yaml`` for each part of ``entmax+lastvit``), the entry point's flags (variant,
-data, logger under ``runs/<variant>/pretrain/<preset stem>/``), then the user's ``--config`` files and overrides.
-From the resolved configuration, before any class is built: the node count from SLURM / torchrun and fp32 on the
-CPU where the user's arguments set none, then ``launch_checks.check_launch``. Once built: the objective's
-check (``objectives.py``), unless the RESUME checkpoint's run already finished.
+"""The LightningCLI of ``make pretrain`` (``PretrainCLI``): the argument list, the configuration resolved once,
+and the Trainer every training run gets. Arguments in LightningCLI's order: the preset, the variant's files
+(``configs/variants/<part>.yaml``), the entry point's flags, then the user's ``--config`` files and overrides;
+the node count (SLURM / torchrun) and fp32 on the CPU where the arguments set none; then
+``launch_checks.check_launch`` reads the result before any class is built.
 """
 from __future__ import annotations
 
@@ -18,6 +14,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from datamodules.demo import is_demo
 from datamodules.pretraining import FOLDER
 from lightning_modules.callbacks.end_checkpoint import EndCheckpoint
 from lightning_modules.callbacks.progress import LogStepProgressBar
@@ -33,7 +30,7 @@ UNSET = {"num_nodes": 0, "precision": "null"}  # markers: a parse over them tell
 
 
 @dataclass(frozen=True)
-class Launch:
+class PretrainFlags:
     """What the entry point's own flags decide (``lightning_modules/pretrain.py``)."""
     objective: Objective
     variant: str            # canonical variant name
@@ -46,7 +43,7 @@ class Launch:
     user_args: tuple[str, ...] = ()  # the user's LightningCLI arguments (--config files, --key=value), in order
 
 
-def base_args(launch: Launch) -> list[str]:
+def base_args(launch: PretrainFlags) -> list[str]:
     """The arguments before the user's: the preset, the variant's files, the entry point's flags."""
     args = [f"--config={launch.preset}"]
     args += [f"--config={f}" for part in launch.variant.split("+") if (f := VARIANTS_DIR / f"{part}.yaml").is_file()]
@@ -57,10 +54,10 @@ def base_args(launch: Launch) -> list[str]:
                    f"--trainer.logger.name={launch.preset.stem}"]
 
 
-def run_settings(config: Namespace, launch: Launch) -> RunSettings:
+def run_settings(config: Namespace, launch: PretrainFlags) -> RunSettings:
     trainer, data = config.trainer, config.data
     return RunSettings(kind=launch.objective.kind, objective=launch.objective.name, variant=launch.variant,
-                       data=str(data.data), data_root=str(data.data_root or ""),
+                       data=str(data.data), demo=is_demo(str(data.data)), data_root=str(data.data_root or ""),
                        accelerator=str(trainer.accelerator), num_nodes=int(trainer.num_nodes or 1),
                        deterministic=trainer.deterministic, max_epochs=trainer.max_epochs,
                        max_steps=int(trainer.max_steps if trainer.max_steps is not None else -1), resume=launch.resume,
@@ -68,11 +65,11 @@ def run_settings(config: Namespace, launch: Launch) -> RunSettings:
 
 
 class PretrainCLI(LightningCLI):
-    """LightningCLI for both objectives, built from a ``Launch`` (``run=False``: ``pretrain.fit`` runs it).
+    """LightningCLI for both objectives, built from a ``PretrainFlags`` (``run=False``: ``pretrain.fit`` runs it).
     ``resume``: the RESUME point (None: a fresh run; ``resume.finished``: it already reached this run's end).
     ``build=False``: resolve and check the configuration (``config``), build nothing."""
 
-    def __init__(self, launch: Launch, build: bool = True):
+    def __init__(self, launch: PretrainFlags, build: bool = True):
         self.launch, self.build, self.resume = launch, build, None
         self.base = base_args(launch)
         # --print_config prints the configuration the run will use, so after _fill_from_machine (not in the parse)

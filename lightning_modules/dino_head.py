@@ -1,6 +1,5 @@
-"""DINO projection head and the multi-crop wrapper, matching facebookresearch/dino (vision_transformer.py).
-
-Official state-dict keys are kept: ``mlp.<i>.weight/bias`` and ``last_layer.weight_g/weight_v``.
+"""DINO projection head and the multi-crop wrapper, as facebookresearch/dino's vision_transformer.py, with its
+state-dict keys (``mlp.<i>.weight/bias``, ``last_layer.weight_g/weight_v``).
 """
 from __future__ import annotations
 
@@ -11,13 +10,9 @@ from torch import nn
 
 class WeightNormLinear(nn.Module):
     """Bias-free ``Linear`` with weight normalisation, ``W = g * v / ||v||`` (row norm, as weight_norm(dim=0)).
-
-    Deviation (implementation only, same maths): the official head uses ``nn.utils.weight_norm``, whose forward
-    pre-hook breaks ``copy.deepcopy``-style cloning in some torch versions and whose successor
-    (``parametrizations.weight_norm``) renames the parameters. Storing ``weight_g`` (out, 1) and ``weight_v``
-    (out, in) as plain parameters keeps the official key names, so released DINO head weights load unchanged;
-    the weight is computed by the same op (``torch._weight_norm``), so it is the official one bit for bit.
-    """
+    Plain ``weight_g`` / ``weight_v`` parameters instead of ``nn.utils.weight_norm`` (whose hook breaks deepcopy
+    in some torch versions; its successor renames the keys): DINO's key names and, via ``torch._weight_norm``,
+    its weight bit for bit."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()

@@ -21,7 +21,7 @@ from backbones.checkpoint import DINO, check_resume_config, runtime_record, writ
 from lightning_modules.dino_head import DINOHead, MultiCropWrapper
 from lightning_modules.dino_loss import DINOLoss
 from lightning_modules.fast_ops import clip_grad_norms_, ema_
-from lightning_modules.loop_state import epoch_end_form
+from lightning_modules.checkpoint_io import epoch_end_form
 from lightning_modules.dino_optim import cancel_gradients_last_layer, cosine_scheduler, get_params_groups
 from tokenmix.results import clean
 
@@ -36,23 +36,16 @@ def scaled_lr(base_lr: float, total_batch: int, scale: bool = True) -> float:
 
 
 class DINOPretrainModule(pl.LightningModule):
-    """Student/teacher DINO on a tokenmix ViT. Defaults are the official main_dino.py ViT-S/16 arguments.
+    """Student/teacher DINO on a tokenmix ViT; defaults and names are main_dino.py's ViT-S/16 arguments.
 
-    Args (official names where one exists):
-        arch, variant: backbone (``backbones.create_vit``); ``backbone``: extra overrides
-            (drop_path_rate, img_size, ...); ``variant_options``: variant knobs (num_registers, lastvit_k,
-            spec_blocks, alpha, ...), merged with ``backbone``. Drop-path applies to the student only.
-        out_dim, use_bn_in_head, norm_last_layer, head_nlayers, head_hidden_dim, head_bottleneck_dim: DINOHead.
-        warmup_teacher_temp, teacher_temp, warmup_teacher_temp_epochs, student_temp, center_momentum: DINOLoss.
-        lr: base lr for a total batch of 256 (scaled linearly with the real total batch when scale_lr);
-        min_lr, warmup_epochs, weight_decay, weight_decay_end: cosine schedules.
-        momentum_teacher, momentum_teacher_end: EMA cosine (official end value: 1).
-        clip_grad: per-parameter gradient-norm clip (0 = off). freeze_last_layer: epochs with the head's last
-            layer frozen. epochs: schedule length (linked to trainer.max_epochs by the CLI).
-        n_local_crops: local crops per image (linked to the data module).
-        stats_every: collapse statistics (and the schedule scalars) every N steps; None = the trainer's
-            log_every_n_steps (Lightning writes only those steps anyway). The loss is logged every step.
-        compile: ``torch.compile`` the student and teacher backbones and heads (opt-in; see docs/performance.md).
+    Args (the others: DINOHead, DINOLoss and the cosine schedules, as main_dino.py):
+        backbone: overrides (drop_path_rate, img_size, ...); variant_options: variant knobs, merged with it
+            (two dicts, see __init__). Drop-path applies to the student only.
+        lr: base lr for a total batch of 256 (scaled linearly when scale_lr).
+        clip_grad: per-parameter gradient-norm clip (0 = off). epochs / n_local_crops: linked by the CLI to
+            trainer.max_epochs / the data module.
+        stats_every: collapse statistics and schedule scalars every N steps (None: log_every_n_steps).
+        compile: ``torch.compile`` the backbones and heads (opt-in; docs/performance.md).
     """
 
     def __init__(self, arch: str = "vit_small_patch16", variant: str = "softmax",
@@ -278,7 +271,7 @@ class DINOPretrainModule(pl.LightningModule):
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self._raise_if_nonfinite()  # never write a checkpoint past a non-finite loss
-        epoch_end_form(checkpoint)  # an epoch's last batch: the counters Lightning resumes right (loop_state.py)
+        epoch_end_form(checkpoint)  # an epoch's last batch: the counters Lightning resumes right (checkpoint_io.py)
         write_entry(checkpoint, self.student.backbone.backbone_config, kind=DINO,
                     runtime=runtime_record(self.student.backbone))
         # RNG streams (drop-path draws from the global generator) of every rank: Lightning calls this hook on all

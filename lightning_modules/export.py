@@ -1,12 +1,9 @@
 """``make export CKPT=... VARIANT=... OUT=...``: the pretrained backbone in the official released DINO format.
 
-Writes a plain ``{name: tensor}`` state dict of the teacher backbone (what DINO releases, e.g.
-``dino_deitsmall16_pretrain.pth``: ``cls_token``, ``pos_embed``, ``patch_embed.proj.*``, ``blocks.N.*``, ``norm.*``;
-variants add ``reg_token`` / ``*_cls`` tensors) plus a ``<out>.json`` sidecar: the checkpoint's ``tokenmix`` entry
-(``backbone`` = the ``BackboneConfig``) and the sha256 of the written file, which ``backbones.read_checkpoint``
-checks before it rebuilds the recorded variant from a plain state dict (entmax or lastvit leave no trace in the
-tensors). Loads with ``torch.load(weights_only=True)`` and ``backbones.load_checkpoint`` /
-``backbone_from_checkpoint``.
+A plain ``{name: tensor}`` state dict of the teacher backbone (as ``dino_deitsmall16_pretrain.pth``; variants add
+``reg_token`` / ``*_cls``) plus a ``<out>.json`` sidecar: the checkpoint's ``tokenmix`` entry and the file's
+sha256, which ``backbones.read_checkpoint`` checks before rebuilding the recorded variant (entmax or lastvit
+leave no trace in the tensors).
 """
 from __future__ import annotations
 

@@ -1,20 +1,8 @@
-"""Whole-model DINO update steps in a few multi-tensor kernels instead of one small kernel per parameter (on a GPU;
-on a CPU the EMA stays a per-parameter loop, which is faster there, see ``ema_``).
+"""Whole-model DINO update steps in a few multi-tensor kernels instead of one small kernel per parameter.
 
-Same maths as facebookresearch/dino ``utils.clip_gradients`` and the ``train_one_epoch`` teacher EMA (their
-per-parameter loops are transcribed in ``official/``, the tests' reference); nothing here reads a value back
-to the host on a GPU, so the step never waits for the device (on a CPU, where reading a value is free, the clip
-multiplies only the gradients it clips, as upstream, instead of all of them by ``min(coef, 1)``).
-
-    >>> import torch
-    >>> s = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2, 2))]
-    >>> s[0].grad, s[1].grad = torch.full((3,), 4.0), torch.zeros(2, 2)
-    >>> norms = clip_grad_norms_(s, clip=3.0)   # each gradient on its own: ||g|| <= 3
-    >>> [round(float(g.norm()), 4) for g in (s[0].grad, s[1].grad)]
-    [3.0, 0.0]
-    >>> t = [torch.zeros(3), torch.zeros(2, 2)]
-    >>> ema_(t, s, m=0.75); float(t[0][0])
-    0.25
+Same maths as facebookresearch/dino ``utils.clip_gradients`` and the ``train_one_epoch`` teacher EMA
+(transcribed in ``official/``); nothing reads a value back to the host on a GPU, so the step never waits for the
+device (on a CPU the clip multiplies only the gradients it clips, as upstream).
 """
 from __future__ import annotations
 
@@ -25,12 +13,8 @@ import torch
 
 @torch.no_grad()
 def clip_grad_norms_(params: Iterable[torch.Tensor], clip: float) -> Optional[torch.Tensor]:
-    """Per-parameter clipping, the official rule: ``coef = clip / (||g||_2 + 1e-6)``, gradients with
-    ``coef < 1`` are multiplied by it (the others are left alone: ``min(coef, 1)`` multiplies them by exactly 1).
-
-    Returns the per-parameter gradient norms (before clipping) as one tensor on the gradients' device, or None
-    when no parameter has a gradient. Parameters without a gradient are skipped, as upstream.
-    """
+    """Per-parameter clipping, the official rule: gradients with ``coef = clip / (||g||_2 + 1e-6) < 1`` are
+    multiplied by it. Returns the norms before clipping (one tensor), or None when no parameter has a gradient."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return None
@@ -54,14 +38,10 @@ def clip_grad_norms_(params: Iterable[torch.Tensor], clip: float) -> Optional[to
 @torch.no_grad()
 def ema_(teacher: list[torch.Tensor], student: list[torch.Tensor], m: float,
          multi_tensor: Optional[bool] = None) -> None:
-    """``teacher = m * teacher + (1 - m) * student`` for every pair, rounded as the official
-    ``mul_(m).add_((1 - m) * student)`` (``add_(student, alpha=1 - m)`` fuses the multiply-add and rounds
-    differently: a few ulps per step, which the teacher's temperature turns into 1e-6-scale loss changes).
-
-    On a GPU as two multi-tensor kernels. On a CPU per parameter, as upstream: the multi-tensor form allocates
-    every ``(1 - m) * student`` at once (all the parameters' size: page faults on fresh memory each step), while a
-    loop reuses one freed block; the loop is the faster there (docs/performance.md, "DINO step").
-    ``multi_tensor``: force one form (None: by device)."""
+    """``teacher = m * teacher + (1 - m) * student``, rounded as the official ``mul_(m).add_((1 - m) * student)``
+    (a fused ``add_(alpha=)`` rounds differently: 1e-6-scale loss changes). Multi-tensor on a GPU; per parameter
+    on a CPU, where reusing one freed block beats allocating every product at once (docs/performance.md, "DINO
+    step"). ``multi_tensor``: force one form (None: by device)."""
     if multi_tensor is None:
         multi_tensor = bool(teacher) and teacher[0].device.type != "cpu"
     if not multi_tensor:

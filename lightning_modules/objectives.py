@@ -1,8 +1,5 @@
 """What ``make pretrain OBJECTIVE=...`` chooses (``OBJECTIVES``): the LightningModule and DataModule LightningCLI
 builds, the presets, the checkpoint kind, and the check each objective makes once its objects exist.
-
-    >>> OBJECTIVES["supervised"].default_preset(demo=True)
-    'supervised_demo'
 """
 from __future__ import annotations
 
@@ -40,8 +37,7 @@ class Objective:
         return self.default_presets[0 if demo else 1]
 
     def preset_file(self, preset: str) -> Path:
-        """configs/pretrain/<preset>.yaml for one of its presets, else ``preset`` as a YAML path; ValueError naming
-        the valid ones for anything else."""
+        """configs/pretrain/<preset>.yaml of its presets, else ``preset`` as a YAML path; else ValueError."""
         if preset in self.presets:
             return PRESETS_DIR / f"{preset}.yaml"
         if Path(preset).is_file():

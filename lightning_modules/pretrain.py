@@ -4,19 +4,10 @@
         [--data-root R] [--resume 1|PATH] [--preset P|<yaml>] [--runs-dir D] [--dist-timeout MIN]
         [--config my.yaml ...] [any LightningCLI override, e.g. --trainer.max_epochs=5]
 
-This file parses its own flags and launches; the rest has one file per job:
-
-- ``objectives.py``: what ``--objective`` (``make pretrain OBJECTIVE=...``, default ``dino``) picks: the
-  LightningModule, the DataModule, the presets (DINO: ``demo`` for DATA=demo, ``paper`` otherwise, or ``tiny``;
-  supervised: ``supervised_demo`` / ``supervised_paper``), the checkpoint kind and its check once built;
-- ``cli.py``: ``PretrainCLI`` resolves the configuration once: the preset, then configs/variants/<part>.yaml for
-  each part of the variant name (``entmax+lastvit`` -> entmax.yaml, lastvit.yaml), then the ``--config`` files and
-  overrides. Logs and checkpoints: runs/<variant>/pretrain/<preset>/version_N/;
-- ``launch_checks.py``: ``check_launch`` reads that resolved configuration in this (launching) process before any
-  model or other process exists: the RESUME checkpoint's kind, ``num_nodes > 1`` outside a cluster launcher, the
-  dataset's folder, no silent CPU run of a real dataset. The node count comes from SLURM / torchrun when not
-  given, and DDP gets a process-group timeout (``--dist-timeout``, minutes) so a world that never forms ends in
-  an error.
+This file parses its own flags and launches: ``objectives.py`` says what ``--objective`` picks (module, data,
+presets, checkpoint kind), ``cli.py`` resolves the configuration once (preset, configs/variants/<part>.yaml per
+part of the variant name, ``--config`` files, overrides), ``launch_checks.py`` checks it here before any model or
+other process exists.
 """
 from __future__ import annotations
 
@@ -31,7 +22,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from backbones import parse_variant
 from datamodules.demo import is_demo
 from datamodules.errors import DatasetError
-from lightning_modules.cli import Launch, PretrainCLI
+from lightning_modules.cli import PretrainCLI, PretrainFlags
 from lightning_modules.dino_module import NonFiniteLossError
 from lightning_modules.objectives import objective_named
 from tokenmix import paths
@@ -56,19 +47,19 @@ def _flags() -> argparse.ArgumentParser:
     return p
 
 
-def parse_launch(argv: Optional[list[str]]) -> Launch:
-    """This entry point's flags -> ``Launch``; the other arguments go to LightningCLI as they are. ValueError for an
-    unknown objective, preset or variant: fail before anything is built."""
+def parse_launch(argv: Optional[list[str]]) -> PretrainFlags:
+    """This entry point's flags -> ``PretrainFlags``; the other arguments go to LightningCLI as they are. ValueError
+    for an unknown objective, preset or variant: fail before anything is built."""
     known, rest = _flags().parse_known_args(list(sys.argv[1:] if argv is None else argv))
     if known.help:
         print(__doc__)
         rest = rest + ["--help"]
     objective = objective_named(known.objective)
     preset = objective.preset_file(known.preset or objective.default_preset(demo=is_demo(known.data)))
-    return Launch(objective=objective, variant=parse_variant(known.variant).name, data=known.data,
-                  data_root=known.data_root, preset=preset,
-                  runs=Path(known.runs_dir) if known.runs_dir else paths.RUNS, resume=known.resume,
-                  dist_timeout_min=known.dist_timeout, user_args=tuple(rest))
+    return PretrainFlags(objective=objective, variant=parse_variant(known.variant).name, data=known.data,
+                         data_root=known.data_root, preset=preset,
+                         runs=Path(known.runs_dir) if known.runs_dir else paths.RUNS, resume=known.resume,
+                         dist_timeout_min=known.dist_timeout, user_args=tuple(rest))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -1,16 +1,7 @@
-"""Label-supervised classification of any variant, following LaSt-ViT's released recipe (cls_pretrain/conf.py).
-
-The linear ``head`` of the tokenmix ViT reads the final-norm [CLS] output (``softmax``, ``registers``,
-``entmax`` ...) or, for ``lastvit`` variants, the aggregated token; [CLS] is still prepended and attends.
-Optimiser and schedule as the release: AdamW(lr, betas (0.9, 0.95), weight decay on *every* parameter, as
-detectron2's ``get_default_optimizer_params`` with no overrides), lr x ``lr_multiplier``: linear warm-up over
-the first ``warmup_frac`` of the steps from ``warmup_factor`` x, then cosine 1 -> ``final_factor`` (detectron2's
-``WarmupParamScheduler(CosineParamScheduler(1, 0.001), 0.1, 0.01)`` evaluated at ``step / total_steps``).
-Plain cross-entropy. Checkpoints: ``state_dict`` keys ``backbone.*`` (head included) and
-``tokenmix = {"kind": "supervised", "backbone": <config without the head>, "num_classes": n}``, so
-``backbones.backbone_from_checkpoint`` gives probes and analyses the feature backbone.
-
-    model = SupervisedModule(arch="vit_demo_patch8", variant="lastvit", num_classes=8, epochs=6)
+"""Label-supervised classification of any variant, following LaSt-ViT's released recipe (cls_pretrain/conf.py):
+the linear ``head`` reads the final-norm [CLS] output (``lastvit``: the aggregated token); AdamW with weight decay
+on *every* parameter (detectron2's ``get_default_optimizer_params``), lr x ``lr_multiplier``; plain cross-entropy.
+Checkpoints record the backbone without the head and ``num_classes``, so probes get the feature backbone.
 """
 from __future__ import annotations
 
@@ -27,7 +18,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from backbones import create_vit, parse_variant
 from backbones.checkpoint import SUPERVISED, check_resume_config, runtime_record, write_entry
 from lightning_modules.dino_module import NonFiniteLossError
-from lightning_modules.loop_state import epoch_end_form
+from lightning_modules.checkpoint_io import epoch_end_form
 from tokenmix.results import clean
 from tokenmix.topk import TopK
 
@@ -44,14 +35,10 @@ def lr_multiplier(where: float, warmup_frac: float = 0.01, warmup_factor: float 
 
 
 class SupervisedModule(pl.LightningModule):
-    """Args:
-        arch, variant, backbone, variant_options: as ``DINOPretrainModule`` (``backbones.create_vit``).
-        num_classes: classifier outputs (must equal the dataset's class count; checked at fit start).
-        lr, betas, weight_decay: AdamW (weight decay on every parameter, as the release).
-        warmup_frac, warmup_factor, final_factor: ``lr_multiplier``. epochs: schedule length (linked to
-            trainer.max_epochs by the CLI). label_smoothing: 0 in the release. clip_grad: global-norm clip
-            (0 = off, as the release). zero_init_head: torchvision's head init (zeros).
-    """
+    """Args: arch, variant, backbone, variant_options as ``DINOPretrainModule``; num_classes must equal the
+    dataset's (checked at fit start); AdamW with weight decay on every parameter, clip_grad a global-norm clip
+    and label_smoothing 0, as the release; warmup_frac, warmup_factor, final_factor: ``lr_multiplier``;
+    zero_init_head: torchvision's (zeros)."""
 
     def __init__(self, arch: str = "vit_base_patch16", variant: str = "lastvit",
                  backbone: Optional[dict[str, Any]] = None, variant_options: Optional[dict[str, Any]] = None,
@@ -148,7 +135,7 @@ class SupervisedModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        epoch_end_form(checkpoint)  # an epoch's last batch: the counters Lightning resumes right (loop_state.py)
+        epoch_end_form(checkpoint)  # an epoch's last batch: the counters Lightning resumes right (checkpoint_io.py)
         # the recorded backbone is the feature backbone (probes, analyses); the head's size sits beside it
         write_entry(checkpoint, self.backbone.backbone_config.replace(num_classes=0), kind=SUPERVISED,
                     runtime=runtime_record(self.backbone), num_classes=int(self.hparams.num_classes),

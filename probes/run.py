@@ -6,10 +6,10 @@
     python -m probes.run --task voc --kind retrieval    # head-free: Hummingbird retrieval (or --kind overcluster)
 
 Output: runs/<variant | variant_random | pixels>/probe/<task>/version_N/{results.json, events.*, head*.pt};
-results.json follows the one schema of tokenmix/results.py. How each kind of probe runs: probes/kinds.py.
+results.json follows the one schema of tokenmix/results.py. How each kind of probe runs: probes/core/kinds.py.
 
 The flags (over a --config file's defaults) become one typed ``ProbeConfig`` here, once (``make_config``); below
-this file nothing reads the command line: each kind gets its own options (probes/options.py).
+this file nothing reads the command line: each kind gets its own options (``probes.core.flags.OPTIONS``).
 """
 from __future__ import annotations
 
@@ -18,29 +18,21 @@ import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
+from backbones.load import resolve_backbone
 from datamodules.demo import is_demo
 from tokenmix import paths
-from tokenmix.cli import BackboneFlags, Launch, finish_eval_args
 from tokenmix.io import CheckpointError
 from tokenmix.launch import LaunchError, count_devices, global_rank, install_stop_handlers, on_gpu
 from tokenmix.precision import device_line
 from tokenmix.results import backbone_entry, write_results
 
-from .backbone import checkpoint_path, resolve_backbone
-from .copy_detection import copy_detection_config
-from .flags import parse_flags
-from .data import DATAMODULES, probe_datamodule, probe_dataset, voc_trainaug
-from .davis_probe import DavisSettings, PropagationConfig
-from .headless import memory_sizes
-from .image_retrieval import retrieval_config
-from .kinds import KINDS, ProbeContext, summary
-from .options import (BinNorm, DepthHead, DepthOptions, Head, KindOptions, KnnOptions, LinearOptions,
-                      OverclusterOptions, RetrievalOptions, SegOptions, Solver, Training)
-from .retrieval import Protocol, resolve_settings
-from .tasks import ALT_KINDS, Kind, TaskSpec, get_task
-from .trainer import lightning_console
+from probes.core.data import DATAMODULES, probe_datamodule, probe_dataset, voc_trainaug
+from probes.core.flags import ProbeConfig, make_config, parse_args  # noqa: F401  (make_config: tests patch it)
+from probes.core.kinds import KINDS, ProbeContext, summary
+from probes.core.trainer import lightning_console
+from probes.headfree.runners import RetrievalOptions
 
 
 def parse_layers(layer: str, depth: int) -> list[Optional[list[int]]]:
@@ -58,147 +50,6 @@ def parse_layers(layer: str, depth: int) -> list[Optional[list[int]]]:
     if bad:
         raise ValueError(f"--layer {layer!r}: block {bad} out of range for a {depth}-block backbone (0..{depth - 1})")
     return [[b % depth] for b in blocks]
-
-
-def resolve_kind(task: TaskSpec, kind: str) -> Optional[Kind]:
-    """--kind: '' or the task's own kind -> None; a head-free kind the task's data feeds (tasks.ALT_KINDS)."""
-    kind = (kind or "").strip()
-    if not kind or kind == task.kind.value:
-        return None
-    alts = ALT_KINDS.get(task.kind, ())
-    if kind not in [k.value for k in alts]:
-        ok = ", ".join(k.value for k in alts) or "none besides its own"
-        raise ValueError(f"--kind {kind!r} does not apply to task {task.name!r} ({task.kind.value}); kinds it takes: "
-                         f"{ok}. Retrieval and overclustering run on the segmentation tasks (voc, ade20k, "
-                         "cityscapes, seg)")
-    return Kind(kind)
-
-
-# --------------------------------------------------------------------------- the run's one typed config
-
-@dataclass(frozen=True)
-class ProbeData:
-    """The task's data: which dataset, the probe input, the loaders."""
-    data: str        # --data ('demo', a dataset name, your own layout)
-    data_root: str
-    size: tuple[int, int]  # probe input (H, W): --img-size, else the task's (demo: its demo size)
-    batch_size: int        # per device: --batch-size, else the kind's
-    num_workers: int
-    aug: bool              # not --no-aug (the linear probe's training view)
-    train_split: str
-    val_split: Optional[str]  # None: the task's (val; depth: test)
-    max_samples: Optional[int]
-
-
-@dataclass(frozen=True)
-class ProbeConfig:
-    """Everything one ``make probe`` reads, typed and resolved once from the flags (``make_config``)."""
-    task: TaskSpec
-    kind: Optional[Kind]          # --kind: None = the task's own, else a head-free kind (tasks.ALT_KINDS)
-    backbone: BackboneFlags
-    checkpoint: Optional[Path]    # the file --ckpt names (None: random / pixels), found once before the data
-    seed: int
-    patch_size: int               # of --ckpt pixels
-    data: ProbeData
-    layer: str                    # --layer
-    launch: Launch
-    progress: bool
-    options: KindOptions          # the running kind's own (probes/options.py)
-    runs_dir: Path
-    record: dict[str, Any]        # the resolved flags, as results.json's config records them
-
-    @property
-    def probe_kind(self) -> Kind:
-        return self.kind or self.task.kind
-
-
-def _training(f: argparse.Namespace) -> Training:
-    return Training(max_epochs=f.max_epochs, lr=f.lr, cache=not f.no_cache, cache_fp16=f.cache_fp16)
-
-
-def _knn(f: argparse.Namespace) -> KnnOptions:
-    return KnnOptions(ks=tuple(int(k) for k in str(f.knn_k).split(",") if k.strip()), temperature=f.knn_t)
-
-
-def _linear(f: argparse.Namespace) -> LinearOptions:
-    return LinearOptions(_training(f), aug=not f.no_aug)
-
-
-def _seg(f: argparse.Namespace) -> SegOptions:
-    return SegOptions(_training(f), Head(f.head), f.with_cls, Solver(f.solver), f.ridge_lambda)
-
-
-def _depth(f: argparse.Namespace) -> DepthOptions:
-    return DepthOptions(_training(f), Head(f.head), f.with_cls, DepthHead(f.depth_head), BinNorm(f.bin_norm))
-
-
-def _retrieval(f: argparse.Namespace) -> RetrievalOptions:
-    s = resolve_settings(Protocol(f.protocol), f.hb_aug_epochs, memory_sizes(f.hb_memory) if f.hb_memory else None,
-                         f.hb_std_typo)
-    return RetrievalOptions(memory=s.memory, k=f.hb_k, temperature=f.hb_temperature, aug_epochs=s.aug_epochs,
-                            seed=f.seed, protocol=Protocol(f.protocol), std_typo=s.std_typo, ade_other=s.ade_other,
-                            trainaug=s.trainaug)
-
-
-def _overcluster(f: argparse.Namespace) -> OverclusterOptions:
-    return OverclusterOptions(ks=f.cluster_k, iters=f.cluster_iters, seeds=f.cluster_seeds)
-
-
-def _davis(f: argparse.Namespace) -> DavisSettings:
-    return DavisSettings(PropagationConfig.parse(f.davis), batch_size=f.batch_size or 8, split=f.val_split or "val",
-                         max_sequences=f.max_samples)
-
-
-def _protocol_size(f: argparse.Namespace, kind: Kind) -> Optional[str]:
-    """--img-size, else the retrieval protocol's input size (hummingbird: 512), else None (the task's)."""
-    if f.img_size or kind != Kind.RETRIEVAL:
-        return f.img_size
-    size = resolve_settings(Protocol(f.protocol)).img_size
-    return str(size) if size else None
-
-
-# each kind's options from the flags: the only place that reads them
-OPTIONS: dict[Kind, Callable[[argparse.Namespace], KindOptions]] = {
-    Kind.KNN: _knn, Kind.LINEAR: _linear, Kind.SEG: _seg, Kind.DEPTH: _depth, Kind.RETRIEVAL: _retrieval,
-    Kind.OVERCLUSTER: _overcluster, Kind.DAVIS: _davis,
-    Kind.IMAGE_RETRIEVAL: lambda f: retrieval_config(f.task.strip(), f.img_size, f.multiscale, f.whole_queries),
-    Kind.COPY_DETECTION: lambda f: copy_detection_config(f.task.strip(), f.img_size, f.batch_size, f.whitening_root,
-                                                         f.distractors_root)}
-
-
-def _size(img_size: Optional[str], task: TaskSpec, demo: bool) -> tuple[int, int]:
-    if not img_size:
-        return tuple(task.demo_img_size if demo else task.img_size)
-    size = tuple(int(v) for v in str(img_size).split(","))
-    return size * 2 if len(size) == 1 else size
-
-
-def make_config(f: argparse.Namespace) -> ProbeConfig:
-    """The run's config from the parsed flags: the task and kind looked up, the shared eval flags checked
-    (``tokenmix.cli.finish_eval_args``), --quick applied, the kind's options built, and the checkpoint file found
-    (a wrong CKPT fails before the data is opened or generated)."""
-    task = get_task(f.task.strip())
-    kind = resolve_kind(task, f.kind)
-    probe_kind = kind or task.kind
-    if f.solver == Solver.RIDGE.value and probe_kind != Kind.SEG:
-        raise ValueError(f"--solver ridge is for segmentation tasks, not {probe_kind.value}")
-    demo = is_demo(f.data)
-    ev = finish_eval_args(f, demo=demo, accelerator=f.accelerator)
-    max_epochs, max_samples = (f.max_epochs or 2, f.max_samples or 16) if f.quick else (f.max_epochs, f.max_samples)
-    f = argparse.Namespace(**{**vars(f), "max_epochs": max_epochs, "max_samples": max_samples})
-    record = {**vars(f), "variant": ev.backbone.variant, "ckpt": ev.backbone.ckpt, "data": ev.data,
-              "arch": ev.backbone.arch, "num_nodes": ev.launch.num_nodes}
-    data = ProbeData(ev.data, ev.data_root, _size(_protocol_size(f, probe_kind), task, demo),
-                     f.batch_size or KINDS[probe_kind].batch_size, f.num_workers, not f.no_aug, f.train_split,
-                     f.val_split, max_samples)
-    return ProbeConfig(task, kind, ev.backbone, checkpoint_path(ev.backbone.ckpt, ev.backbone.variant), f.seed,
-                       f.patch_size or (8 if demo else 16), data, f.layer, ev.launch, f.progress,
-                       OPTIONS[probe_kind](f), Path(f.runs_dir) if f.runs_dir else paths.RUNS, record)
-
-
-def parse_args(argv: Optional[list[str]] = None) -> ProbeConfig:
-    """The command line (and its --config file) -> the run's ``ProbeConfig``."""
-    return make_config(parse_flags(argv))
 
 
 def run_name(ctx: ProbeContext) -> str:
@@ -225,7 +76,7 @@ def build_context(cfg: ProbeConfig) -> ProbeContext:
                               num_workers=d.num_workers, batch_size=d.batch_size, aug=d.aug,
                               train_split=d.train_split, val_split=d.val_split, max_samples=d.max_samples)
         dm.setup("fit")
-    return ProbeContext(cfg.task, info, dm, d.size, name, root, cfg.launch, options, cfg.progress,
+    return ProbeContext(cfg.task, info, dm, d.size, name, root, cfg.launch, options, cfg.probe_kind, cfg.progress,
                         kind=cfg.kind)
 
 
@@ -262,10 +113,13 @@ def run(cfg: ProbeConfig) -> Path:
     """One probe run of ``cfg``: results.json, TensorBoard events and heads in a fresh version folder."""
     import lightning as L
     from lightning.pytorch.loggers import TensorBoardLogger
+    if cfg.note and global_rank() == 0:
+        print(cfg.note, flush=True)
     L.seed_everything(cfg.seed, verbose=False)
     ctx = build_context(cfg)
-    if global_rank() == 0:  # GPU + bf16, or CPU fp32
-        print(f"[probe] {device_line('cuda' if on_gpu(cfg.launch.accelerator) else 'cpu')}", flush=True)
+    if global_rank() == 0:  # GPU + bf16 (DINO's protocols: fp32 unless --bf16), or CPU fp32
+        bf16 = getattr(cfg.options, "bf16", True)
+        print(f"[probe] {device_line('cuda' if on_gpu(cfg.launch.accelerator) else 'cpu', bf16)}", flush=True)
     probe_dir = cfg.runs_dir / ctx.info.run_name / "probe"
     version = paths.run_version(probe_dir / run_name(ctx), count_devices(cfg.launch.accelerator,
                                                                          cfg.launch.devices) > 1)
@@ -278,7 +132,7 @@ def run(cfg: ProbeConfig) -> Path:
             return ctx.log_dir / "results.json"
         path = write_probe_results(cfg, ctx, metrics, features)
         if "layers" in metrics and KINDS[ctx.probe_kind].profile is not None:
-            from .profile import plot_depth_profile
+            from probes.core.profile import plot_depth_profile
             plot_depth_profile(metrics["layers"], KINDS[ctx.probe_kind].profile, ctx.log_dir / "depth_profile.png",
                                title=f"{run_name(ctx)} on {ctx.info.run_name}")
     finally:
@@ -289,13 +143,9 @@ def run(cfg: ProbeConfig) -> Path:
 
 
 def main(argv: Optional[list[str]] = None) -> Optional[Path]:
-    flags = parse_flags(argv)
-    if flags.print_config:
-        get_task(flags.task.strip())  # an unknown task is an error here too
-        import yaml
-        print(yaml.safe_dump({k: v for k, v in vars(flags).items() if k != "print_config"}, sort_keys=False))
+    cfg = parse_args(argv)
+    if cfg is None:  # --print-config
         return None
-    cfg = make_config(flags)
     with lightning_console():  # Lightning's device banner once per run, whatever the number of Trainers
         return run(cfg)
 

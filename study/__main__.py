@@ -23,9 +23,10 @@ from pathlib import Path
 from datamodules.demo import is_demo
 from tokenmix import paths
 
-from .cells import PRETRAIN, status
+from .cells import PRETRAIN
 from .plan import Spec, plan, write_plan
 from .slurm import SlurmOptions
+from .store import status
 
 DEFAULT_VARIANTS = "softmax entmax registers specialization lastvit"
 DEFAULT_TASKS = "knn voc nyuv2 pib corloc"

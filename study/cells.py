@@ -1,26 +1,19 @@
-"""A cell of a study, resolved once when it is planned (``study.plan.plan``), and its marker.
+"""A cell of a study, resolved once when it is planned (``study.plan.plan``), and the decisions about it: pure
+functions of the cell and of the facts ``study.store`` read; nothing here touches a file.
 
 A ``Cell`` holds everything a runner needs: its command (after the python executable), the runs folder its CLI
-writes into, the checkpoint it writes or reads, its key and its marker path. The runners (``study.local``,
-``study.slurm``, ``python -m study.record``) and the status read only these fields, never the spec.
-
-A finished cell leaves a marker ``<study>/done/<cell>/<key>.json`` (written atomically) holding its key and the
-sha256 of the checkpoint it made or used. A cell counts as done only when its marker exists and the checkpoint /
-results.json it names still exist with that sha256: its pretraining's checkpoint, or, for an evaluation of a given
-file (``--checkpoint``, no pretraining), the sha256 that file had when the study was planned.
+writes into, the checkpoint it writes or reads, its key and its marker path; the runners and the status read only
+these fields, never the spec. ``finished`` accepts a cell's marker only when the checkpoint / results.json it names
+still have its sha256: its pretraining's checkpoint, or, for an evaluation of a given file (``--checkpoint``), the
+sha256 that file had when the study was planned. ``next_job`` says what the local runner does with a cell.
 """
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
 
-from tokenmix.io import atomic_json_dump, sha256_file
-
 from .points import FINAL
-from .results import read_result
 
 PRETRAIN = "pretrain"
 _PATHS = ("runs", "checkpoint", "marker")
@@ -71,112 +64,48 @@ class Cell:
         return cls(**d)
 
 
-def read_plan(path: Path) -> list[Cell]:
-    """The cells of a plan.json (``study.plan.write_plan``), as they were resolved."""
-    return [Cell.from_json(c) for c in json.loads(Path(path).read_text())["cells"]]
-
-
-# --------------------------------------------------------------------------- finished cells
-
-def _read_json(path: Path) -> Optional[dict]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def _checkpoint_sha(path: Path, marker: dict) -> Optional[str]:
-    """sha256 of a checkpoint, trusting the marker's value while size and mtime are unchanged (hashing a ViT-S
-    checkpoint per cell and per invocation would cost seconds each)."""
-    if not path.is_file():
-        return None
-    st = path.stat()
-    if marker.get("size") == st.st_size and marker.get("mtime_ns") == st.st_mtime_ns and marker.get("ckpt_sha256"):
-        return marker["ckpt_sha256"]
-    return sha256_file(path)
-
-
-def done_record(cell: Cell, pre_record: Optional[dict] = None) -> Optional[dict]:
-    """The cell's marker if the cell is finished for today's key (and, for an evaluation, for today's checkpoint
-    ``pre_record`` of its pretraining); None otherwise."""
-    m = _read_json(cell.marker)
-    if not m or m.get("key") != cell.key:
-        return None
-    if cell.kind == PRETRAIN:
-        kept = [(m.get("points") or {}).get(p) or {} for p, _ in cell.kept]
-        ok = all(_checkpoint_sha(Path(r.get("checkpoint", "")), r) == r.get("ckpt_sha256") for r in [m, *kept])
-        return m if ok else None
-    want = cell.sha256 or point_record(pre_record or {}, cell.point).get("ckpt_sha256")
-    if not want or m.get("ckpt_sha256") != want:
-        return None
-    res = read_result(Path(m.get("results", "")))
-    return m if res and res.checkpoint_sha256 == m["ckpt_sha256"] and res.task == cell.task else None
-
-
 def point_record(pre_record: dict, point: str) -> dict:
     """The checkpoint entry (path, sha256, size, mtime, global step) of one point of a pretraining marker."""
     return pre_record if point == FINAL else (pre_record.get("points") or {}).get(point) or {}
 
 
-def status(cells: list[Cell]) -> dict[str, Optional[dict]]:
-    """cell id -> marker of a finished cell, or None (to run)."""
-    out: dict[str, Optional[dict]] = {}
-    for c in cells:
-        out[c.id] = done_record(c, out.get(c.depends) if c.depends else None)
-    return out
-
-
-def _checkpoint_entry(path: Path) -> dict:
-    st = path.stat()
-    return {"checkpoint": str(path), "ckpt_sha256": sha256_file(path), "size": st.st_size,
-            "mtime_ns": st.st_mtime_ns, "global_step": _global_step(path)}
-
-
-def _global_step(path: Path) -> Optional[int]:
-    """The optimizer step a Lightning checkpoint was saved at (the report's x axis for step points)."""
-    try:
-        import torch
-        return int(torch.load(path, map_location="cpu", mmap=True, weights_only=False)["global_step"])
-    except Exception:  # not a Lightning checkpoint (a test's stand-in): the step is unknown
+def finished(cell: Cell, pre_record: Optional[dict], marker: Optional[dict], shas: dict, result) -> Optional[dict]:
+    """The marker if it proves the cell finished for today's key (and an evaluation, for today's checkpoint of its
+    pretraining ``pre_record``), else None. ``shas``: checkpoint path -> sha256 today; ``result``: the marker's."""
+    if not marker or marker.get("key") != cell.key:
         return None
-
-
-def find_results(cell: Cell, sha: str, since: float = 0.0) -> Optional[Path]:
-    """Newest results.json of ``cell.task`` under the cell's runs folder computed from checkpoint ``sha``."""
-    best = None
-    for p in cell.runs.glob(f"*/{cell.kind}/{cell.task}/version_*/results.json"):
-        if p.stat().st_mtime < since:
-            continue
-        r = read_result(p)
-        if r and r.checkpoint_sha256 == sha and r.task == cell.task and (best is None or p.stat().st_mtime >
-                                                                           best.stat().st_mtime):
-            best = p
-    return best
-
-
-def record(cell: Cell, seconds: float = 0.0, since: float = 0.0, cpu_seconds: Optional[float] = None) -> dict:
-    """Write the marker of a cell that just finished (local runner and job scripts). Raises when the cell left
-    nothing to record (no checkpoint; no results.json for its checkpoint)."""
-    ckpt = cell.checkpoint
-    if not ckpt.is_file():
-        raise FileNotFoundError(f"{cell.id}: no checkpoint at {ckpt}")
-    rec = {"cell": cell.id, "key": cell.key, "kind": cell.kind, "variant": cell.variant, "seed": cell.seed,
-           "task": cell.task, "point": cell.point, "seconds": round(seconds, 2),
-           "cpu_seconds": None if cpu_seconds is None else round(cpu_seconds, 2),
-           "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if cell.kind == PRETRAIN:
-        rec.update(_checkpoint_entry(ckpt), run_dir=str(ckpt.parent.parent), points={})
-        for p, path in cell.kept:
-            if not path.is_file():
-                raise FileNotFoundError(f"{cell.id}: the run kept no checkpoint {path} for AT point {p}")
-            rec["points"][p] = _checkpoint_entry(path)
-    else:
-        sha = sha256_file(ckpt)
-        rec.update(checkpoint=str(ckpt), ckpt_sha256=sha)
-        res = find_results(cell, sha, since)
-        if res is None:
-            raise FileNotFoundError(f"{cell.id}: no results.json for checkpoint {sha[:12]} under "
-                                    f"{cell.runs}/*/{cell.kind}/{cell.task}/")
-        rec.update(results=str(res), run_dir=str(res.parent))
-    atomic_json_dump(rec, cell.marker)
-    return rec
+        kept = [(marker.get("points") or {}).get(p) or {} for p, _ in cell.kept]
+        ok = all(shas.get(r.get("checkpoint", "")) == r.get("ckpt_sha256") for r in [marker, *kept])
+        return marker if ok else None
+    want = cell.sha256 or point_record(pre_record or {}, cell.point).get("ckpt_sha256")
+    if not want or marker.get("ckpt_sha256") != want:
+        return None
+    return marker if result and result.checkpoint_sha256 == want and result.task == cell.task else None
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the local runner does with a cell: nothing (``record``: finished; ``reused``: found finished only now),
+    report why not (``skip``), or run ``command`` with ``env`` (``resume``: from its own last.ckpt)."""
+    cell: Cell
+    stage: str
+    record: Optional[dict] = None
+    reused: bool = False
+    skip: str = ""
+    command: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    resume: bool = False
+
+
+def next_job(cell: Cell, done: dict, python: str, marker: Optional[dict], result, checkpoint_there: bool) -> Job:
+    """The cell's job given ``done`` (cell id -> marker) and what the store read: the marker and result of an
+    evaluation whose pretraining was recorded again in this run (they may still hold); its checkpoint's presence."""
+    rec, pre = done.get(cell.id), done.get(cell.depends) if cell.depends else None
+    if rec or pre and (rec := finished(cell, pre, marker, {}, result)):
+        return Job(cell, cell.stage, record=rec, reused=not done.get(cell.id))
+    if cell.depends and not pre:
+        return Job(cell, cell.stage, skip=f"skipped: {cell.depends} did not finish")
+    resume = cell.kind == PRETRAIN and checkpoint_there
+    return Job(cell, cell.stage, command=tuple(cell.command(python, resume)), env=tuple(cell.env.items()),
+               resume=resume)

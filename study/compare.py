@@ -25,7 +25,7 @@ from typing import Optional
 from tokenmix.io import atomic_write
 from tokenmix.stats import Difference, Summary, adjust, compare, summarize
 
-from .cells import read_plan, status
+from .store import read_plan, status
 from .plan import Spec
 from .report import Table, collect, fmt_summary
 from .verdicts import fmt_diff

@@ -1,12 +1,9 @@
-"""The study over training time (``AT``): each metric against training progress and the "degradation" table.
+"""The study over training time (``AT``): each metric against training progress, and the "degradation" table.
 
-Curve: per variant and metric, the mean ± std over seeds at every evaluated point (x = percent of the schedule,
-``study.points.progress``). Degradation of a variant on a metric: its *best* point is the one with the best
-mean (highest, or lowest for ↓ metrics), its *last* point the latest evaluated one; the drop is computed per seed,
-d_s = value_s(best) − value_s(last) (sign flipped for ↓ metrics, so a positive drop is always "got worse"), and
-reported as mean ± std with the p of the one-sided one-sample t-test of drop > 0 (scipy). Picking the best point on
-the same seeds biases the drop upwards (with many points and few seeds a small positive drop is expected even
-from noise alone); the report says so.
+Curve: mean ± std over seeds at every evaluated point. Degradation: the drop from the *best* point (best mean) to
+the *last*, per seed (sign flipped for ↓ metrics: positive is "got worse"), as mean ± std with the p of the
+one-sided one-sample t-test of drop > 0 (scipy). Picking the best point on the same seeds biases the drop
+upwards; the report says so.
 
     >>> d = degradation({"e1": [(0, 50.0), (1, 52.0)], "": [(0, 46.0), (1, 47.0)]}, ["e1", ""], False)
     >>> d.best, d.last, d.drop.mean, d.drop.values

@@ -1,8 +1,6 @@
-"""Run a study's missing cells here, one subprocess at a time, in dependency order.
-
-Each cell's output goes to ``<logs>/<cell>.log``; a finished cell writes its marker (``cells.record``). A
-failed pretraining skips its evaluations and the study goes on with the others; the call returns the failures.
-An interrupted pretraining resumes from its own last.ckpt (the pretraining CLI's ``--resume``) on the next call.
+"""Run a study's missing cells here, one subprocess at a time, in dependency order: for each, the store reads the
+disk and the cell decides (``store.job``); a run logs to ``<logs>/<cell>.log``, then the store writes its marker. A
+failed pretraining skips its evaluations; an interrupted one resumes from its own last.ckpt next time.
 """
 from __future__ import annotations
 
@@ -15,7 +13,8 @@ from typing import Optional
 
 from tokenmix import paths
 
-from .cells import PRETRAIN, Cell, done_record, record
+from . import store
+from .cells import Cell, Job
 from .progress import Progress
 
 
@@ -26,20 +25,18 @@ def _tail(path: Path, n: int = 15) -> str:
         return ""
 
 
-def run_cell(cell: Cell, python: str, progress: Progress, logs: Path) -> tuple[Optional[dict], float, Path]:
-    """Run one cell; (its marker, or None when it failed; seconds; log file)."""
-    resume = cell.kind == PRETRAIN and cell.checkpoint.is_file()
-    cmd = cell.command(python, resume=resume)
-    log = logs / f"{cell.id}.log"
+def run_job(job: Job, progress: Progress, logs: Path) -> tuple[Optional[dict], float, Path]:
+    """Run one cell's command, then record its marker; (the marker, or None when it failed; seconds; log file)."""
+    log = logs / f"{job.cell.id}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    progress.started(cell.id + (" (resuming)" if resume else ""))
+    progress.started(job.cell.id + (" (resuming)" if job.resume else ""))
     since, t0 = time.time() - 1, time.monotonic()
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(log, "a") as f:
-        f.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+        f.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(job.command)}\n")
         f.flush()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=paths.REPO,
-                                env={**os.environ, **cell.env})
+        proc = subprocess.Popen(job.command, stdout=f, stderr=subprocess.STDOUT, cwd=paths.REPO,
+                                env={**os.environ, **dict(job.env)})
         try:
             while proc.poll() is None:
                 time.sleep(1)
@@ -54,11 +51,11 @@ def run_cell(cell: Cell, python: str, progress: Progress, logs: Path) -> tuple[O
     rec = None
     if proc.returncode == 0:
         try:
-            rec = record(cell, seconds, since=since, cpu_seconds=cpu)
+            rec = store.record(job.cell, seconds, since=since, cpu_seconds=cpu)
         except FileNotFoundError as e:
             with open(log, "a") as f:
                 f.write(f"[study] {e}\n")
-    progress.finished(cell.stage, seconds, rec is not None)
+    progress.finished(job.stage, seconds, rec is not None)
     return rec, seconds, log
 
 
@@ -66,23 +63,19 @@ def run_missing(cells: list[Cell], done: dict, python: str, progress: Progress, 
                 board=None) -> list[tuple[str, str]]:
     """Run every cell without a marker whose pretraining is done; returns [(cell id, reason)] of failures."""
     failures = []
-    for c in cells:
-        if not done.get(c.id) and c.depends and done.get(c.depends):
-            # its pretraining was recorded again in this run (a lost marker, a requeue): its results may hold
-            done[c.id] = done_record(c, done[c.depends])
-            if done[c.id]:
-                progress.reused(c.stage)
-        if done.get(c.id):
+    for job in (store.job(c, done, python) for c in cells):
+        cid = job.cell.id
+        if job.record or job.skip:
+            done[cid] = job.record
+            if job.reused:
+                progress.reused(job.stage)
+            failures += [(cid, job.skip)] if job.skip else []
             continue
-        if c.depends and not done.get(c.depends):
-            failures.append((c.id, f"skipped: {c.depends} did not finish"))
-            continue
-        rec, seconds, log = run_cell(c, python, progress, logs)
+        rec, seconds, log = run_job(job, progress, logs)
         if board is not None:
             board.progress(progress.done)
-        if rec:
-            done[c.id] = rec
-        else:
-            failures.append((c.id, f"failed after {seconds:.0f}s; log {log}:\n{_tail(log)}"))
-            print(f"[study] {c.id} failed (log: {log}):\n{_tail(log)}", flush=True)
+        done[cid] = rec
+        if not rec:
+            failures.append((cid, f"failed after {seconds:.0f}s; log {log}:\n{_tail(log)}"))
+            print(f"[study] {cid} failed (log: {log}):\n{_tail(log)}", flush=True)
     return failures

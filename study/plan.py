@@ -29,12 +29,12 @@ from tokenmix.io import atomic_json_dump, sha256_file
 
 from .cells import PRETRAIN, Cell
 from .points import FINAL, checkpoint_name, keep_args, max_epochs, resolve_at
-from .tasks import headless_tasks, probe_flags
+from .columns import headless_tasks, probe_flags
 
 
 def probe_tasks() -> tuple[str, ...]:
-    """The probe CLI's tasks and the head-free kinds on its segmentation tasks (``study.tasks``: voc_retrieval)."""
-    from probes.tasks import TASKS
+    """The probe CLI's tasks and the head-free kinds on its segmentation tasks (``study.columns``: voc_retrieval)."""
+    from probes.core.task_table import TASKS
     return tuple(TASKS) + tuple(headless_tasks())
 
 

@@ -1,10 +1,9 @@
 """Points of training a study evaluates (``make study ... AT="25% 50% 100%"``).
 
-Words of AT: ``25%`` (of the preset's ``max_epochs``, rounded to the nearest epoch end, at least 1), ``e3`` /
-``epoch3`` (end of epoch 3, 1-based) and ``s100`` / ``step100`` (after optimizer step 100). The end of the
-schedule (100 %, or the epoch ``max_epochs``) is the run's own ``last.ckpt``: its label is ``""`` and its cells
-keep today's ids; every other point is kept by ``lightning_modules.callbacks.keep_checkpoints.KeepCheckpoints`` and its
-cells are ``<task>.<variant>.seed<s>@<label>``. No AT: the end only (the study as before).
+Words of AT: ``25%`` (of ``max_epochs``, rounded to the nearest epoch end, at least 1), ``e3`` / ``epoch3`` (end
+of epoch 3, 1-based), ``s100`` / ``step100`` (after optimizer step 100). The end of the schedule is the run's own
+``last.ckpt`` (label ``""``, cell ids unchanged); other points are kept by ``KeepCheckpoints`` and their cells are
+``<task>.<variant>.seed<s>@<label>``.
 
     >>> resolve_at("17% 50% 100%", max_epochs=6)
     ('e1', 'e3', '')

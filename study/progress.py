@@ -2,10 +2,8 @@
 
     [study] pretraining 3/4, evaluations 0/12 | running pretrain.entmax.seed1 | elapsed 1m05s, ETA 4m30s
 
-On a terminal the line is redrawn every second; in a log file it is printed when a cell starts and ends. The ETA
-is the mean measured duration of the finished cells of each stage times the cells left in that stage; a stage with
-no finished cell yet adds nothing and the ETA is marked '≥' (a lower bound: an evaluation can take a tenth of a
-pretraining or as long, so borrowing the other stage's mean would be a guess either way).
+The ETA is each stage's mean finished-cell duration times its cells left; a stage with none finished adds
+nothing and the ETA is marked '≥' (an evaluation may take a tenth of a pretraining or as long: no borrowing).
 """
 from __future__ import annotations
 
@@ -89,9 +87,8 @@ class Progress:
 
 
 class StudyBoard:
-    """The study's TensorBoard run (<study>/tensorboard): progress scalars while it runs; at the end the cell
-    means per variant, every seed's value, and a text table linking each cell to its run folder. Each invocation
-    replaces the previous one's events (the numbers are re-logged in full from the finished cells)."""
+    """The study's TensorBoard run (<study>/tensorboard): progress scalars, then per-variant cell means, every
+    seed's value and a table linking cells to run folders; each invocation replaces the previous events."""
 
     def __init__(self, folder: Path):
         from torch.utils.tensorboard import SummaryWriter

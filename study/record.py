@@ -1,9 +1,6 @@
-"""One cell of a planned study, for job scripts: record its marker after the cell's command succeeded.
-
-    python -m study.record --plan runs/study/demo/slurm/plan.json --cell knn.entmax.seed0 --record
-
-Exit status 1 (and no marker) when the cell left nothing to record: no checkpoint, or no results.json computed
-from that checkpoint.
+"""One cell of a planned study, for job scripts: record its marker after the cell's command succeeded
+(``python -m study.record --plan <plan.json> --cell knn.entmax.seed0 --record``). Exit status 1 (and no marker)
+when the cell left nothing to record: no checkpoint, or no results.json computed from that checkpoint.
 """
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ from pathlib import Path
 
 from tokenmix.cli import error_exit
 
-from .cells import read_plan, record
+from .store import read_plan, record
 
 
 def main(argv=None) -> int:
@@ -25,13 +22,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     cells = read_plan(Path(args.plan))
     cell = next((c for c in cells if c.id == args.cell), None)
-    if cell is None:
-        print(f"error: no cell {args.cell!r} in {args.plan}; cells: {', '.join(c.id for c in cells)}",
-              file=sys.stderr)
-        return 2
-    if not args.record:
-        print("nothing to do: pass --record", file=sys.stderr)
-        return 2
+    if cell is None or not args.record:
+        return error_exit(f"no cell {args.cell!r} in {args.plan}; cells: {', '.join(c.id for c in cells)}"
+                          if cell is None else "nothing to do: pass --record", 2)
     try:
         rec = record(cell)
     except FileNotFoundError as e:

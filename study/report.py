@@ -1,7 +1,7 @@
 """The study report: reports/study.md + study.csv + one plot per metric.
 
 Metrics are the columns of ``analysis.report`` (``COLUMNS`` + ``EXTRA_COLUMNS``: same titles, same pick of the
-number out of results.json; ``study.tasks`` adds the head-free probes' columns, titled after them) and the papers'
+number out of results.json; ``study.columns`` adds the head-free probes' columns, titled after them) and the papers'
 rows are its ``paper_table()``; nothing is copied here. Each cell is mean ± std over seeds with n; Δ to the
 baseline carries its 95 % CI, p and adjusted p (``tokenmix.stats``). A given checkpoint (``--checkpoint``) is a row
 of its own: one run, no std and no Δ verdict.
@@ -33,8 +33,8 @@ from .curves import degradation, plot_task, point_label
 from .cells import Cell
 from .plan import Spec
 from .points import FINAL, progress
-from .results import read_result
-from .tasks import headless_columns, training_columns, training_values
+from .store import read_result
+from .columns import headless_columns, training_columns, training_values
 from .verdicts import fmt_diff, fmt_p, power_lines, verdict
 
 

@@ -1,17 +1,8 @@
-"""LAUNCHER=slurm: job scripts instead of local runs, in ``<study>/slurm/``.
-
-- ``pretrain.sbatch``: one array task per missing pretraining run; each is ``srun`` of the pretraining CLI on
-  ``--nodes`` x ``--ntasks-per-node`` processes with ``--gpus-per-node`` GPUs (Lightning reads the SLURM
-  environment: ranks, master address; ``--trainer.devices`` / ``--trainer.num_nodes`` match the allocation).
-  A requeued or restarted task resumes from its own last.ckpt.
-- ``eval.sbatch``: one array task per missing evaluation (one GPU each).
-- ``report.sbatch``: the report once the evaluations have ended.
-- ``submit.sh``: submits the three, chaining them with ``--dependency=afterok:<pretraining array id>`` (the
-  evaluations start when every pretraining task succeeded) and ``afterany:<evaluation array id>``; the ids come
-  from ``sbatch --parsable``.
-
-After each cell its script records the marker (``python -m study.record --record``), as the local runner does, so
-``make study`` afterwards sees what the cluster finished.
+"""LAUNCHER=slurm: job scripts instead of local runs, in ``<study>/slurm/``: ``pretrain.sbatch`` (one array task
+per missing pretraining run, ``srun`` over the allocation's nodes and GPUs; a requeued task resumes from its
+last.ckpt), ``eval.sbatch`` (one task per missing evaluation, one GPU each), ``report.sbatch``, and ``submit.sh``,
+which chains them (``afterok`` on the pretraining array, ``afterany`` on the evaluations). Each cell's script
+records its marker (``python -m study.record --record``), so ``make study`` afterwards sees what the cluster did.
 """
 from __future__ import annotations
 
@@ -63,34 +54,25 @@ def _header(name: str, n: int, opts: SlurmOptions, out: Path, *, nodes: int, tas
     return h + ["set -euo pipefail", f"cd {shlex.quote(str(paths.REPO))}", 'PY="${PY:-.venv/bin/python}"', ""]
 
 
-def _record(plan_file: Path, cell: Cell) -> str:
-    return f'"$PY" -m study.record --plan {shlex.quote(str(plan_file))} --cell {shlex.quote(cell.id)} --record'
-
-
-def pretrain_script(spec: Spec, cells: list[Cell], opts: SlurmOptions, plan_file: Path, logs: Path) -> str:
+def array_script(spec: Spec, cells: list[Cell], opts: SlurmOptions, plan_file: Path, logs: Path) -> str:
+    """One array task per cell, all pretraining or all evaluation: ``srun`` of the pretraining on the allocation
+    (resuming from its own last.ckpt), an evaluation on one GPU; then the cell's marker (``study.record``)."""
+    pre = cells[0].kind == PRETRAIN
     extra = [f"--trainer.num_nodes={opts.nodes}", f"--trainer.devices={opts.tasks_per_node}",
-             f"--trainer.accelerator={'gpu' if opts.gpus_per_node else 'cpu'}"]
-    L = _header(f"study-{spec.name}-pretrain", len(cells), opts, logs, nodes=opts.nodes,
-                tasks=opts.tasks_per_node, gpus=opts.gpus_per_node, time=opts.time)
+             f"--trainer.accelerator={'gpu' if opts.gpus_per_node else 'cpu'}"] if pre else []
+    L = _header(f"study-{spec.name}-{'pretrain' if pre else 'eval'}", len(cells), opts, logs,
+                nodes=opts.nodes if pre else 1, tasks=opts.tasks_per_node if pre else 1,
+                gpus=opts.gpus_per_node if pre else 1 if opts.gpus_per_node else 0,
+                time=opts.time if pre else opts.eval_time)
     L.append('case "$SLURM_ARRAY_TASK_ID" in')
     for i, c in enumerate(cells):
         ck = shlex.quote(str(c.checkpoint))
-        L += [f"  {i})  # {c.id}",
-              f"    export TOKENMIX_RUNS={shlex.quote(c.env['TOKENMIX_RUNS'])}",
-              f"    RESUME=(); if [ -f {ck} ]; then RESUME=(--resume {ck}); fi",
-              f'    srun {_q(c.command(PY) + extra)} ${{RESUME[@]+"${{RESUME[@]}}"}}',
-              f"    {_record(plan_file, c)}", "    ;;"]
-    L += ['  *) echo "no cell for array index $SLURM_ARRAY_TASK_ID" >&2; exit 2;;', "esac"]
-    return "\n".join(L) + "\n"
-
-
-def eval_script(spec: Spec, cells: list[Cell], opts: SlurmOptions, plan_file: Path, logs: Path) -> str:
-    L = _header(f"study-{spec.name}-eval", len(cells), opts, logs, nodes=1, tasks=1,
-                gpus=1 if opts.gpus_per_node else 0, time=opts.eval_time)
-    L.append('case "$SLURM_ARRAY_TASK_ID" in')
-    for i, c in enumerate(cells):
-        L += [f"  {i})  # {c.id}", f"    export TOKENMIX_RUNS={shlex.quote(c.env['TOKENMIX_RUNS'])}",
-              f"    {_q(c.command(PY))}", f"    {_record(plan_file, c)}", "    ;;"]
+        run = [f"    RESUME=(); if [ -f {ck} ]; then RESUME=(--resume {ck}); fi",
+               f'    srun {_q(c.command(PY) + extra)} ${{RESUME[@]+"${{RESUME[@]}}"}}'] if pre else \
+            [f"    {_q(c.command(PY))}"]
+        L += [f"  {i})  # {c.id}", f"    export TOKENMIX_RUNS={shlex.quote(c.env['TOKENMIX_RUNS'])}", *run,
+              f'    "$PY" -m study.record --plan {shlex.quote(str(plan_file))} --cell {shlex.quote(c.id)} --record',
+              "    ;;"]
     L += ['  *) echo "no cell for array index $SLURM_ARRAY_TASK_ID" >&2; exit 2;;', "esac"]
     return "\n".join(L) + "\n"
 
@@ -130,10 +112,9 @@ def write_scripts(spec: Spec, cells: list[Cell], done: dict, opts: SlurmOptions,
     evals = [c for c in cells if c.kind != PRETRAIN and not done.get(c.id)]
     texts = {"report.sbatch": report_script(spec, opts, report_args, logs),
              "submit.sh": submit_script(len(pre), len(evals))}
-    if pre:
-        texts["pretrain.sbatch"] = pretrain_script(spec, pre, opts, plan_file, logs)
-    if evals:
-        texts["eval.sbatch"] = eval_script(spec, evals, opts, plan_file, logs)
+    for name, some in (("pretrain.sbatch", pre), ("eval.sbatch", evals)):
+        if some:
+            texts[name] = array_script(spec, some, opts, plan_file, logs)
     for stale in ("pretrain.sbatch", "eval.sbatch"):  # a script of an earlier plan must not be submitted
         if stale not in texts and (folder / stale).exists():
             (folder / stale).unlink()

@@ -15,7 +15,7 @@ from backbones import BackboneConfig, read_checkpoint
 from lightning_modules.dino_module import DINOPretrainModule
 from lightning_modules.export import export
 from lightning_modules.supervised_module import SupervisedModule
-from probes.backbone import resolve_backbone
+from backbones.load import resolve_backbone
 from tokenmix.io import CheckpointError
 
 TINY_HEAD = dict(out_dim=64, head_hidden_dim=32, head_bottleneck_dim=16, epochs=2, warmup_epochs=0)

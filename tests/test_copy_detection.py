@@ -13,9 +13,9 @@ from datamodules.datasets.copydays import CopydaysDataset
 from datamodules.errors import DatasetError
 from helpers.retrieval_fixtures import vit_pair, write_copydays
 from official import dino_copy_detection as C
-from probes.copy_detection import (CopyDetectionConfig, Whitening, copy_descriptor, copydays_ap,
+from probes.instance.copy_detection import (CopyDetectionOptions, Whitening, copy_descriptor, copydays_ap,
                                    run_copy_detection, score_blocks)
-from probes.global_features import Extraction, extract_descriptors
+from probes.instance.global_features import Extraction, extract_descriptors
 
 pytestmark = pytest.mark.timeout(120)
 BLOCKS = ("original", "strong", "jpegqual/50", "crops/50")
@@ -79,7 +79,7 @@ def test_fixture_equals_the_official_pipeline(tmp_path):
     blocks = {b: CopydaysDataset(tmp_path, b, imsize=imsize) for b in BLOCKS}
     ours_strong = extract_descriptors(model, blocks["strong"], copy_descriptor, 4, Extraction())
     torch.testing.assert_close(ours_strong, feats["strong"], atol=2e-5, rtol=1e-5)
-    out = run_copy_detection(model, blocks, CopyDetectionConfig(imsize=imsize, batch_size=3), Extraction(),
+    out = run_copy_detection(model, blocks, CopyDetectionOptions(imsize=imsize, batch_size=3), Extraction(),
                              distractors=CopydaysDataset(tmp_path, "distractors", imsize=imsize),
                              whitening_set=CopydaysDataset(tmp_path, "whitening", imsize=imsize))
     for b in BLOCKS:
@@ -128,7 +128,7 @@ def test_make_probe_copydays_with_a_dinov2_hub_file(tmp_path):
     results.json holds the block mAPs, equal to the probe run directly on the same backbone."""
     import json
 
-    from probes.backbone import resolve_backbone
+    from backbones.load import resolve_backbone
     from probes.run import main
     write_copydays(tmp_path / "data", n_orig=4, n_distractors=16, n_whitening=10, seed=4)
     ckpt = _dinov2_hub_file(tmp_path)
@@ -139,7 +139,7 @@ def test_make_probe_copydays_with_a_dinov2_hub_file(tmp_path):
     assert set(r["metrics"]["mAP"]) == set(BLOCKS) and r["metrics"]["num_whitening"] == 10
     model = resolve_backbone(str(ckpt), "", "vit_small_patch16", 16).model
     blocks = {b: CopydaysDataset(tmp_path / "data", b, imsize=44) for b in BLOCKS}
-    direct = run_copy_detection(model, blocks, CopyDetectionConfig(imsize=44), Extraction(),
+    direct = run_copy_detection(model, blocks, CopyDetectionOptions(imsize=44), Extraction(),
                                 CopydaysDataset(tmp_path / "data", "distractors", imsize=44),
                                 CopydaysDataset(tmp_path / "data", "whitening", imsize=44))
     assert r["metrics"]["mAP"] == pytest.approx(direct["mAP"], abs=1e-9)

@@ -18,9 +18,9 @@ from datamodules.datasets.davis import DAVISDataset, read_frame_bgr
 from datamodules.errors import LabelRangeError, MissingDataError, SizeMismatchError
 from official import davis2017_evaluation as off_eval
 from official import dino_video_segmentation as off
-from probes import davis as ours
-from probes.davis_metrics import MEASURES, sequence_scores, summarize
-from probes.davis_probe import DavisSettings, run_sequence
+from probes.video import propagation as ours
+from probes.video.davis_metrics import MEASURES, sequence_scores, summarize
+from probes.video.davis_probe import DavisOptions, run_sequence
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,7 +98,7 @@ def test_propagation_equals_official_on_random_features(T, h, w, n_last, radius)
     base = torch.randn(1, h, w, 48, generator=g)
     feats = (base + 0.7 * torch.randn(T, h, w, 48, generator=g)) * (0.2 + 6 * torch.rand(T, h, w, 1, generator=g))
     first = _first(h, w, 3, seed=w)
-    cfg = ours.PropagationConfig(n_last_frames=n_last, neighbourhood=radius)
+    cfg = ours.PropagationOptions(n_last_frames=n_last, neighbourhood=radius)
     mine = ours.propagate_video(feats, first, cfg)
     ref = _official_soft(feats, first, n_last, radius)
     torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-6)
@@ -112,7 +112,7 @@ def test_propagation_keeps_ties_at_the_kth_value_as_official():
     table = torch.randn(3, 16, generator=g)  # three distinct vectors: many sources tie exactly
     feats = table[torch.randint(0, 3, (T, h, w), generator=g)]
     first = _first(h, w, 2, seed=5)
-    cfg = ours.PropagationConfig(n_last_frames=2, neighbourhood=2)
+    cfg = ours.PropagationOptions(n_last_frames=2, neighbourhood=2)
     mine, ref = ours.propagate_video(feats, first, cfg), _official_soft(feats, first, 2, 2)
     torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-6)
     assert np.array_equal(ours.label_maps(mine, 2, (18, 22)), _official_labels(ref, 2, (18, 22)))
@@ -126,7 +126,7 @@ def test_fixture_pipeline_writes_the_official_loops_pngs_and_scores(davis_root, 
     monkeypatch.setattr(off.read_seg, "__defaults__", ([64],))
     off.evaluate_davis(_DinoView(vit), str(root), str(tmp_path / "official"), patch_size=8, n_last_frames=2,
                        size_mask_neighborhood=3)
-    settings = DavisSettings(propagation=ours.PropagationConfig(n_last_frames=2, neighbourhood=3, short_side=64))
+    settings = DavisOptions(propagation=ours.PropagationOptions(n_last_frames=2, neighbourhood=3, short_side=64))
     ds = DAVISDataset(root, "val")
     for i, seq in enumerate(SEQUENCES):
         res = run_sequence(vit, ds, i, settings, torch.device("cpu"), tmp_path / "ours")
@@ -299,3 +299,43 @@ def test_davis_two_processes_give_the_figures_of_one(davis_root, tmp_path):
     b = sorted((tmp_path / "two").rglob("masks/*/*.png"))
     assert [x.relative_to(x.parents[2]) for x in a] == [y.relative_to(y.parents[2]) for y in b] and len(a) == 11
     assert all(np.array_equal(np.asarray(Image.open(x)), np.asarray(Image.open(y))) for x, y in zip(a, b))
+
+
+@pytest.mark.timeout(60)
+def test_data_root_alone_names_the_tasks_dataset(davis_root):
+    """DATA_ROOT given and DATA not: DATA is the task's own dataset, said on the output's first line; DATA
+    given wins; neither: the demo data. make passes DATA only when the user gave it."""
+    import subprocess
+
+    from probes.run import parse_args
+    root, _ = davis_root
+    parse = lambda *a: parse_args(["--ckpt", "random", *a])  # noqa: E731
+    cfg = parse("--task", "davis", "--data-root", str(root))
+    assert cfg.data.data == "davis" and cfg.note.startswith("[probe] DATA=davis")
+    assert parse("--task", "voc").data.data == "demo" and parse("--task", "voc").note is None
+    given = parse("--task", "voc", "--data", "demo", "--data-root", str(root))
+    assert given.data.data == "demo" and given.note is None
+    repo = Path(__file__).resolve().parents[1]
+    dry = lambda *a: subprocess.run(["make", "-n", "-o", ".venv/.installed", "probe", *a], cwd=repo,  # noqa: E731
+                                    capture_output=True, text=True, timeout=50).stdout
+    assert "--data '' --data-root '/x'" in dry("TASK=davis", "DATA_ROOT=/x")
+    assert "--data 'voc'" in dry("TASK=voc", "DATA=voc")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_make_probe_davis_with_data_root_alone_runs(davis_root, tmp_path):
+    """``make probe TASK=davis DATA_ROOT=<DAVIS folder>`` runs on the task's dataset (no "no built-in demo data")."""
+    import sys
+
+    from helpers import procs
+    root, _ = davis_root
+    repo = Path(__file__).resolve().parents[1]
+    args = f"--runs-dir {tmp_path} --arch vit_test_patch8 --davis short_side=64,neighbourhood=3 --accelerator cpu"
+    p = procs.run(["make", "-s", "-o", ".venv/.installed", "probe", "TASK=davis", f"DATA_ROOT={root}", "CKPT=random",
+                   f"ARGS={args}"], cwd=repo, timeout=280,
+                  env={"PYTHONPATH": str(repo), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert p.stdout.splitlines()[0].startswith("[probe] DATA=davis: task davis's own dataset")
+    res = json.loads(next(tmp_path.glob("*/probe/davis/version_*/results.json")).read_text())
+    assert res["data"] == "davis" and res["metrics"]["num_sequences"] == len(SEQUENCES)

@@ -13,7 +13,7 @@ import torch
 
 from helpers import procs
 from datamodules.demo import DemoSpec, ensure_demo_data
-from probes.features import gather_shards, shard_indices
+from probes.core.features import gather_shards, shard_indices
 from probes.run import main
 
 REPO = Path(__file__).resolve().parents[1]

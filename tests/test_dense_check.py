@@ -78,7 +78,7 @@ def test_one_forward_per_image_and_one_collective_for_the_sums(small_voc):
 
     from backbones import create_vit
     from lightning_modules.callbacks.dense_check import DenseProbeCheck
-    from probes.features import normalize_images
+    from probes.core.features import normalize_images
     model = create_vit("vit_test_patch8", "softmax", seed=0).eval()
     seen = []
     model.patch_embed.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[0]))
@@ -131,7 +131,7 @@ def test_retrieval_hand_worked():
 @pytest.mark.timeout(300)
 def test_retrieval_series_equals_the_probe_core_on_the_same_features(small_voc):
     """The check's retrieval mIoU from its shared forwards equals the retrieval probe's own core
-    (``probes.retrieval``: memory_rows, memory_bank, confusion_of; Hungarian matching) run on FrozenFeatures of the
+    (``probes.headfree.retrieval``: memory_rows, memory_bank, confusion_of; Hungarian matching) run on FrozenFeatures of the
     same images, with a memory of 3 patches per image (so the per-image sampling matters)."""
     from types import SimpleNamespace
 
@@ -139,9 +139,9 @@ def test_retrieval_series_equals_the_probe_core_on_the_same_features(small_voc):
 
     from backbones import create_vit
     from lightning_modules.callbacks.dense_check import DenseProbeCheck
-    from probes import retrieval as hb
-    from probes.features import FeatureSpec, FrozenFeatures
-    from probes.matching import hungarian, matched_miou
+    from probes.headfree import retrieval as hb
+    from probes.core.features import FeatureSpec, FrozenFeatures
+    from probes.headfree.matching import hungarian, matched_miou
     model = create_vit("vit_test_patch8", "softmax", seed=0).eval()
     cb = DenseProbeCheck(data_root=str(small_voc), **{**CHECK, "retrieval_memory": 15, "retrieval_k": 4})
     dm = cb.datamodule(model.patch_size)

@@ -13,8 +13,8 @@ import torch
 from PIL import Image
 
 from datamodules import build_dataset
-from probes.depth_metric import DepthMetrics
-from probes.tasks import depth_eval_settings
+from probes.dense.depth_metric import DepthMetrics
+from probes.core.task_table import depth_eval_settings
 
 # --------------------------------------------------------------------------- toolbox, transcribed
 

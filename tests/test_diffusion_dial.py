@@ -141,7 +141,7 @@ def test_restored_after_an_error_and_refusals():
     with pytest.raises(ValueError, match="k must be"):
         with diffusion_dial(m, 0.5, mode="lazy", k=0):
             pass
-    from probes.baselines import PixelBackbone
+    from backbones.baselines import PixelBackbone
     with pytest.raises(ValueError, match="pixels"):
         with diffusion_dial(PixelBackbone(8), 0.5):
             pass
@@ -149,7 +149,7 @@ def test_restored_after_an_error_and_refusals():
 
 
 def test_timm_dinov2_registers_architecture_takes_the_dial():
-    # what probes.backbone builds for CKPT=<timm DINOv2 file> ARGS="--arch vit_small_patch14_reg4_dinov2" (registers,
+    # what backbones.load builds for CKPT=<timm DINOv2 file> ARGS="--arch vit_small_patch14_reg4_dinov2" (registers,
     # LayerScale, timm's position interpolation), narrowed to 2 blocks of width 48 to stay cheap
     from backbones.foreign import timm_config
     cfg = {**timm_config("vit_small_patch14_reg4_dinov2"), "depth": 2, "embed_dim": 48, "num_heads": 2}
@@ -169,7 +169,7 @@ def test_a_dinov2_hub_file_takes_the_dial_and_keeps_dinov2s_features_at_a_zero(t
     """A DINOv2 ViT-S/14 + 4 registers file as DINOv2's own module writes it (official/dinov2.py, trained-scale
     random weights), through CKPT= as the probes load it: at a = 0 inside the dial the features are DINOv2's own
     ``x_norm_*`` (to 1e-5); at a = 1 the semantic dial changes the patch features."""
-    from probes.backbone import resolve_backbone
+    from backbones.load import resolve_backbone
     from helpers.dinov2_source import dinov2_source
     from official.dinov2 import DinoVisionTransformer
     src = dinov2_source("dinov2_vits14_reg")

@@ -1,12 +1,12 @@
 """The semantic-diffusion measures (tokenmix.diffusion, the attention statistics DenseProbeCheck logs) and the
-closed-form segmentation probe (probes.ridge), each against a case worked out by hand or an independent solve."""
+closed-form segmentation probe (probes.dense.ridge), each against a case worked out by hand or an independent solve."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from probes.ridge import RidgeSegProbe, patch_targets
+from probes.dense.ridge import RidgeSegProbe, patch_targets
 from tokenmix.attention_stats import attention_stats
 from tokenmix.diffusion import (boxes_patch_mask, cls_patch_cosine, effective_rank, effective_rank_from_gram,
                                 mask_boxes, patch_scores, pib_hits, score_contrast)

@@ -183,16 +183,16 @@ class _Data:
 
 def _probe(kind: str, fake):
     import backbones
-    from probes.features import FeatureSpec, FrozenFeatures
+    from probes.core.features import FeatureSpec, FrozenFeatures
     torch.manual_seed(0)
     backbone = backbones.create_vit("vit_test_patch8", "entmax", img_size=32)
     spec = FeatureSpec(kind="dense", n_last_blocks=1, blocks=None, with_cls=False)
     features = FrozenFeatures(backbone, spec)
     if kind == "seg":
-        from probes.module_seg import SegmentationProbe
+        from probes.dense.module_seg import SegmentationProbe
         probe = SegmentationProbe(features, _Data(), num_classes=5, cache=False)
     else:
-        from probes.module_depth import DepthProbe
+        from probes.dense.module_depth import DepthProbe
         probe = DepthProbe(features, _Data(), cache=False)
     probe = to_fake_cuda(probe, fake)
     # the cache bookkeeping reads the batch's sample indices on the host: features straight from the backbone
@@ -228,7 +228,7 @@ def test_depth_probe_step_on_fake_cuda(fake):
 # --------------------------------------------------------------------------------------- k-NN, PCA
 def test_knn_features_and_vote_on_fake_cuda(fake):
     import backbones
-    from probes.features import FeatureSpec, FrozenFeatures
+    from probes.core.features import FeatureSpec, FrozenFeatures
     from tokenmix.knn import knn_scores
     torch.manual_seed(0)
     features = to_fake_cuda(FrozenFeatures(backbones.create_vit("vit_test_patch8", "entmax", img_size=32),

@@ -1,4 +1,4 @@
-"""Other projects' ViT checkpoints through ``CKPT=`` (``probes.backbone.resolve_backbone``): timm checkpoints named
+"""Other projects' ViT checkpoints through ``CKPT=`` (``backbones.load.resolve_backbone``): timm checkpoints named
 by their timm model (timm's own class with random weights; its features, timm's ``forward_features``, are the
 reference at the native size and, resampled by timm's ``dynamic_img_size`` forward, at another), the key routes
 of DINOv2's training checkpoints, refusals, and the probe and analysis CLIs on a DINOv2-with-registers file.
@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from backbones import read_checkpoint
-from probes.backbone import resolve_backbone
+from backbones.load import resolve_backbone
 from tokenmix.io import CheckpointError
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"

@@ -1,4 +1,4 @@
-"""DeiT and MAE release files through ``CKPT=`` (``probes.backbone.resolve_backbone``) against their repositories'
+"""DeiT and MAE release files through ``CKPT=`` (``backbones.load.resolve_backbone``) against their repositories'
 own models (``official/deit.py``: DeiT's ``models.py`` on the timm 0.3.2 it pins; ``official/mae.py``: MAE's
 ``models_vit.py``), stored as their scripts store them (``{"model": state dict, ...}``): [CLS] and the patch tokens
 after the final norm (MAE's ``global_pool`` files: its pooled ``fc_norm`` output and the last block's tokens) to
@@ -12,7 +12,7 @@ from official.deit import deit_model, interpolate_pos_embed
 from official.mae import mae_model
 from backbones import create_vit
 from backbones.config import BackboneConfig
-from probes.backbone import resolve_backbone
+from backbones.load import resolve_backbone
 from tokenmix.io import CheckpointError
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,4 +1,4 @@
-"""DINOv2 files through ``CKPT=`` (``probes.backbone.resolve_backbone``, as the probe CLI calls it) against DINOv2's
+"""DINOv2 files through ``CKPT=`` (``backbones.load.resolve_backbone``, as the probe CLI calls it) against DINOv2's
 own forward (``official/dinov2.py``, transcribed from facebookresearch/dinov2): ``x_norm_clstoken`` and
 ``x_norm_patchtokens`` to 1e-5 at 224, 448, 518 and 224 x 448 px, for the torch.hub layout and the training
 layout (``{"model": {"teacher.backbone.*"}}``, ``block_chunks``), with and without registers. Each source is built
@@ -12,7 +12,7 @@ import torch
 
 from helpers.dinov2_source import dinov2_source
 from official.dinov2 import hub_settings
-from probes.backbone import resolve_backbone
+from backbones.load import resolve_backbone
 
 pytestmark = pytest.mark.timeout(120)
 SIZES = [(224, 224), (448, 448), (518, 518), (224, 448)]

@@ -14,7 +14,7 @@ from datamodules.datasets.revisitop import ROxford5kDataset, RParis6kDataset
 from datamodules.errors import DatasetError, MissingDataError
 from helpers.retrieval_fixtures import vit_pair, write_revisitop
 from official import revisitop as R
-from probes.global_features import Extraction, extract_descriptors
+from probes.instance.global_features import Extraction, extract_descriptors
 
 
 @pytest.fixture(autouse=True)
@@ -23,11 +23,11 @@ def _pil_truncated_flag(monkeypatch):
     put it back after each test, so that later tests in this worker still see truncated files refused."""
     from PIL import ImageFile
     monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", ImageFile.LOAD_TRUNCATED_IMAGES)
-from probes.image_retrieval import (Protocol, RetrievalConfig, protocol_lists, rank_database,
+from probes.instance.image_retrieval import (RevisitopProtocol, ImageRetrievalOptions, protocol_lists, rank_database,
                                     retrieval_descriptor, revisitop_map, run_image_retrieval)
 
 pytestmark = pytest.mark.timeout(120)
-NAMES = {Protocol.EASY: "easy", Protocol.MEDIUM: "medium", Protocol.HARD: "hard"}
+NAMES = {RevisitopProtocol.EASY: "easy", RevisitopProtocol.MEDIUM: "medium", RevisitopProtocol.HARD: "hard"}
 
 
 def _random_gnd(rng, n_db, nq):
@@ -41,7 +41,7 @@ def _random_gnd(rng, n_db, nq):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_map_equals_revisitop_compute_map_on_random_features(seed, monkeypatch):
-    import probes.image_retrieval as ir
+    import probes.instance.image_retrieval as ir
     if seed == 2:
         monkeypatch.setattr(ir, "CHUNK", 80 * 2)  # queries scored 2 at a time (the last chunk: 1)
     rng = np.random.default_rng(seed)
@@ -52,7 +52,7 @@ def test_map_equals_revisitop_compute_map_on_random_features(seed, monkeypatch):
     ranks = rank_database(db, q)
     assert np.array_equal(ranks, R.dino_ranks(db, q))
     gnd = _random_gnd(rng, n_db, nq)
-    for p in Protocol:
+    for p in RevisitopProtocol:
         ref = R.compute_map(ranks, R.protocol_gnd(gnd, NAMES[p]), [1, 5, 10])
         ours = revisitop_map(ranks, protocol_lists(gnd, p), (1, 5, 10))
         assert ours[0] == pytest.approx(ref[0], abs=1e-9)
@@ -88,9 +88,9 @@ def test_fixture_equals_the_official_pipeline(tmp_path, multiscale, crop):
     q = ROxford5kDataset(tmp_path, "query", imsize=imsize, crop_queries=crop)
     ours_q = extract_descriptors(model, q, lambda b, x: retrieval_descriptor(b, x, multiscale), 1, Extraction())
     torch.testing.assert_close(ours_q, fq, atol=2e-5, rtol=1e-5)
-    out = run_image_retrieval(model, db, q, RetrievalConfig(imsize=imsize, multiscale=multiscale, crop_queries=crop),
+    out = run_image_retrieval(model, db, q, ImageRetrievalOptions(imsize=imsize, multiscale=multiscale, crop_queries=crop),
                               Extraction())
-    for p in Protocol:
+    for p in RevisitopProtocol:
         m = R.compute_map(ranks, R.protocol_gnd(cfg["gnd"], NAMES[p]), [1, 5, 10])
         assert out["mAP"][p.value] == pytest.approx(100 * m[0], abs=1e-7)
         assert list(out["mP@k"][p.value].values()) == pytest.approx(list(100 * m[2]), abs=1e-7)
@@ -132,7 +132,7 @@ def test_make_probe_writes_the_direct_runs_figures(tmp_path):
     equal to the probe run directly on the same backbone."""
     import json
 
-    from probes.backbone import resolve_backbone
+    from backbones.load import resolve_backbone
     from probes.run import main
     write_revisitop(tmp_path / "data", "roxford5k", n_db=12, n_q=3, seed=3)
     path = main(["--runs-dir", str(tmp_path / "runs"), "--task", "roxford5k", "--data", "roxford5k", "--data-root",
@@ -144,5 +144,5 @@ def test_make_probe_writes_the_direct_runs_figures(tmp_path):
     model = resolve_backbone("random", "softmax", "vit_test_patch8", 8, seed=0).model
     db = ROxford5kDataset(tmp_path / "data", "database", imsize=44)
     direct = run_image_retrieval(model, db, ROxford5kDataset(tmp_path / "data", "query", imsize=44),
-                                 RetrievalConfig(imsize=44), Extraction())
+                                 ImageRetrievalOptions(imsize=44), Extraction())
     assert r["metrics"]["mAP"] == pytest.approx(direct["mAP"], abs=1e-9)

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from probes.depth_metric import DEPTH_METRICS, DepthMetrics
+from probes.dense.depth_metric import DEPTH_METRICS, DepthMetrics
 from tokenmix.mmseg_compat import import_mmseg
 
 import_mmseg()

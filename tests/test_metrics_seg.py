@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from probes.seg_metric import SegmentationMetrics
+from probes.dense.seg_metric import SegmentationMetrics
 from tokenmix.mmseg_compat import import_mmseg
 
 import_mmseg()
@@ -102,7 +102,7 @@ def test_confusion_matrix_unaffected_by_global_deterministic_mode():
     import torch
     from torchmetrics.classification import MulticlassConfusionMatrix
 
-    from probes.seg_metric import SegmentationMetrics
+    from probes.dense.seg_metric import SegmentationMetrics
     g = torch.Generator().manual_seed(0)
     preds = torch.randint(0, 150, (1, 512, 683), generator=g)
     target = torch.randint(0, 150, (1, 512, 683), generator=g)

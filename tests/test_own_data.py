@@ -120,7 +120,7 @@ def test_custom_depth_reads_as_nyuv2_reads_the_same_files(fixtures_root, tmp_pat
 
 
 def test_custom_depth_eval_settings_follow_its_options(fixtures_root, tmp_path):
-    from probes.tasks import depth_eval_settings
+    from probes.core.task_table import depth_eval_settings
     _, custom = make_nyu_pair(fixtures_root, tmp_path / "nyu", tmp_path / "custom")
     lo, hi, crop, clip = depth_eval_settings("custom_depth", build_dataset("custom_depth", custom, "val"))
     assert (lo, hi, clip) == (0.001, 10.0) + (None,)

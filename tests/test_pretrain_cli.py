@@ -275,7 +275,7 @@ def _fake_run(root: Path, folder: str, kind, mtime: int, under: str = "checkpoin
 def test_resume_reads_each_runs_objective_from_its_checkpoint(tmp_path):
     """RESUME=1 continues the newest run of the objective, told from what its checkpoint records, whatever its
     preset file (and so its folder) is called; probes and export take the newest of either. Hand-set mtimes."""
-    from lightning_modules.launch_checks import resume_path
+    from lightning_modules.checkpoint_io import resume_path
     from tokenmix.io import CheckpointError
     from tokenmix.paths import latest_checkpoint
     root = tmp_path / "softmax" / "pretrain"

@@ -5,8 +5,8 @@ import torch
 
 from backbones import create_vit
 from datamodules.segmentation import SegmentationDataModule
-from probes.features import FeatureSpec, FrozenFeatures
-from probes.module_seg import SegmentationProbe
+from probes.core.features import FeatureSpec, FrozenFeatures
+from probes.dense.module_seg import SegmentationProbe
 
 
 class _Scenes(torch.utils.data.Dataset):

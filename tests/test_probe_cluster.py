@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from probes.overcluster import ClusterSettings, kmeans_labels, overcluster, resolve_ks
+from probes.headfree.overcluster import ClusterSettings, kmeans_labels, overcluster, resolve_ks
 from probes.run import main
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,7 +16,7 @@ from PIL import Image
 pytestmark = pytest.mark.timeout(120)
 
 REPO = Path(__file__).resolve().parents[1]
-CLI_FILES = {"probes/run.py", "probes/flags.py", "analysis/run.py", "study/__main__.py"}
+CLI_FILES = {"probes/run.py", "probes/core/flags.py", "analysis/run.py", "study/__main__.py"}
 
 
 def _write_imagefolder(root: Path) -> Path:
@@ -47,22 +47,24 @@ def sweep(tmp_path_factory):
     calls of the lookups, Lightning's console lines, warnings, and every call into the product packages."""
     from test_analysis_run import write_ckpt
 
-    import probes.backbone
+    import backbones.load
+    import probes.core.flags
+    import probes.core.task_table
     import probes.run
-    import probes.tasks
-    from probes.tasks import Kind
+    from probes.core.task_table import Kind
     tmp = tmp_path_factory.mktemp("probe_config")
     data, ckpt = _write_imagefolder(tmp / "data"), write_ckpt(tmp / "tiny.ckpt", "softmax")
     with pytest.MonkeyPatch.context() as mp:
-        counts = {name: _Counter(getattr(probes.run, name)) for name in ("get_task", "resolve_kind", "make_config")}
+        flags = probes.core.flags
+        counts = {name: _Counter(getattr(flags, name)) for name in ("get_task", "resolve_kind", "make_config")}
         for name, c in counts.items():
-            mp.setattr(probes.run, name, c)
-        mp.setattr(probes.tasks, "get_task", counts["get_task"])
-        counts["checkpoint_path"] = _Counter(probes.backbone.checkpoint_path)  # resolve_backbone's own call too
-        mp.setattr(probes.run, "checkpoint_path", counts["checkpoint_path"])
-        mp.setattr(probes.backbone, "checkpoint_path", counts["checkpoint_path"])
-        counts["knn_options"] = _Counter(probes.run.OPTIONS[Kind.KNN])
-        mp.setitem(probes.run.OPTIONS, Kind.KNN, counts["knn_options"])
+            mp.setattr(flags, name, c)
+        mp.setattr(probes.core.task_table, "get_task", counts["get_task"])
+        counts["checkpoint_path"] = _Counter(backbones.load.checkpoint_path)  # resolve_backbone's own call too
+        mp.setattr(flags, "checkpoint_path", counts["checkpoint_path"])
+        mp.setattr(backbones.load, "checkpoint_path", counts["checkpoint_path"])
+        counts["knn_options"] = _Counter(flags.OPTIONS[Kind.KNN])
+        mp.setitem(flags.OPTIONS, Kind.KNN, counts["knn_options"])
         lines: list[str] = []
         handler = logging.Handler()
         handler.emit = lambda record: lines.append(record.getMessage())
@@ -110,9 +112,10 @@ def test_no_namespace_below_the_cli_files(sweep):
     """At run time no product function below probes/run.py receives a Namespace; statically, no module below
     the CLI files imports argparse, and every kind's callables take typed options."""
     assert sweep["namespaces"] == []
-    from probes.kinds import KINDS, extract_all, run_knn, run_ridge, train_head
-    from probes.trainer import make_trainer
-    from probes.options import KindOptions
+    from probes.core.kinds import KINDS, KindOptions, train_head
+    from probes.core.trainer import make_trainer
+    from probes.dense.ridge import run_ridge_kind
+    from probes.linear.knn import embed_splits, run_knn
     for kind in KINDS.values():
         for fn in (kind.features, kind.build, kind.runner):
             if fn is None:
@@ -121,11 +124,11 @@ def test_no_namespace_below_the_cli_files(sweep):
             params = inspect.signature(fn).parameters
             assert "args" not in params and "Namespace" not in str(params), (kind.kind, fn.__name__, params)
         assert kind.options in KindOptions.__args__
-    for fn in (extract_all, run_knn, run_ridge, train_head, make_trainer):
+    for fn in (embed_splits, run_knn, run_ridge_kind, train_head, make_trainer):
         assert "args" not in inspect.signature(fn).parameters and "Namespace" not in str(inspect.signature(fn))
     for pkg in ("probes", "analysis", "study"):
-        for path in (REPO / pkg).glob("*.py"):
-            rel = f"{pkg}/{path.name}"
+        for path in (REPO / pkg).rglob("*.py"):
+            rel = str(path.relative_to(REPO))
             src = path.read_text()
             if rel in CLI_FILES or '__name__ == "__main__"' in src:  # a command line's own file
                 continue

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from backbones import create_vit
-from probes.baselines import PixelBackbone
-from probes.features import FeatureSpec, FrozenFeatures, normalize_images
-from probes.heads import LinearDepthHead, LinearSegHead, SigLoss
+from backbones.baselines import PixelBackbone
+from probes.core.features import FeatureSpec, FrozenFeatures, normalize_images
+from probes.core.heads import LinearDepthHead, LinearSegHead, SigLoss
 
 
 def test_sigloss_matches_dinov2_formula():

@@ -1,6 +1,6 @@
 """Dense retrieval (Hummingbird) probe: hand-worked labelling, memory sampling and matching; the probe end to end on
 the VOC fixture (every memory size, LAYER=all); 2 processes equal to 1. The side-by-side run against the reference
-code (open-hummingbird-eval) is in docs/probes.md: CI cannot fetch it."""
+code (open-hummingbird-eval) is in docs/probes/headfree.md: CI cannot fetch it."""
 from __future__ import annotations
 
 import itertools
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from helpers import procs
-from probes import retrieval as hb
-from probes.matching import confusion, hungarian, majority, matched_miou
+from probes.headfree import retrieval as hb
+from probes.headfree.matching import confusion, hungarian, majority, matched_miou
 from probes.run import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,12 +127,12 @@ def test_memory_plan_warns_when_capped_and_protocols():
     with pytest.warns(UserWarning, match="memory 1000 is capped at 64 patches"):
         plans = hb.plan_memory([16, 1000], num_images=2, aug_epochs=2, num_patches=16)
     assert [(p.requested, p.per_image, p.rows, p.capped) for p in plans] == [(16, 4, 16, False), (1000, 16, 64, True)]
-    s = hb.PROTOCOLS[hb.Protocol("hummingbird")]
+    s = hb.PROTOCOLS[hb.DenseRetrievalProtocol("hummingbird")]
     assert (s.aug_epochs, s.img_size, s.memory, s.trainaug, s.std_typo, s.ade_other) == (
         2, 512, (102400, 1024000, 10240000), True, True, True)
-    given = hb.resolve_settings(hb.Protocol.HUMMINGBIRD, aug_epochs=3, memory=None, std_typo=False)
+    given = hb.resolve_settings(hb.DenseRetrievalProtocol.HUMMINGBIRD, aug_epochs=3, memory=None, std_typo=False)
     assert (given.aug_epochs, given.memory, given.std_typo, given.img_size) == (3, s.memory, False, 512)
-    assert hb.resolve_settings(hb.Protocol.PROJECT) == hb.PROTOCOLS[hb.Protocol.PROJECT]
+    assert hb.resolve_settings(hb.DenseRetrievalProtocol.PROJECT) == hb.PROTOCOLS[hb.DenseRetrievalProtocol.PROJECT]
     # ADE20K's "other": the project maps raw 0 to ignore (mmseg), the protocol restores the raw ids
     import numpy as np
 

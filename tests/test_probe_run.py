@@ -7,7 +7,7 @@ import torch
 
 from backbones import create_vit
 from datamodules.demo import DemoSpec, ensure_demo_data
-from probes.features import FeatureSpec, FrozenFeatures
+from probes.core.features import FeatureSpec, FrozenFeatures
 from tokenmix.knn import knn_top1
 from probes.run import main, parse_layers
 
@@ -205,7 +205,7 @@ def test_clear_errors(runs, tmp_path, monkeypatch):
 
 
 def test_version_dirs_and_config_file(tmp_path):
-    from probes.run import parse_flags
+    from probes.core.flags import parse_flags
     from tokenmix.paths import claim_version_dir
     root = tmp_path / "knn"
     (root / "version_0").mkdir(parents=True)
@@ -225,15 +225,16 @@ def test_version_dirs_and_config_file(tmp_path):
 def test_kind_registry_follows_the_protocols():
     """Per kind: DINO eval_linear (100 epochs, batch 256, [CLS] of the last 4 blocks), eval_knn (last-block
     [CLS], nothing trained), dense probes (40 epochs, batch 16; depth concatenates [CLS] as DINOv2, seg does not)."""
-    from probes.kinds import KINDS, summary
-    from probes.options import DepthOptions, Head, SegOptions
-    from probes.run import OPTIONS, parse_flags
-    from probes.tasks import ALT_KINDS, TASKS, Kind
+    from probes.core.kinds import KINDS, summary
+    from probes.core.flags import OPTIONS, parse_flags
+    from probes.dense.options import DepthOptions, Head, SegOptions
+    from probes.core.task_table import ALT_KINDS, TASKS, Kind
     alts = {k for kinds in ALT_KINDS.values() for k in kinds}  # --kind retrieval / overcluster on seg tasks
     assert {t.kind for t in TASKS.values()} | alts == set(KINDS) == set(Kind)
     assert [(KINDS[k].epochs, KINDS[k].batch_size) for k in (Kind.KNN, Kind.LINEAR, Kind.SEG, Kind.DEPTH)] == [
         (0, 64), (100, 256), (40, 16), (40, 16)]
-    options = {k: OPTIONS[k](parse_flags(["--task", "voc"])) for k in Kind}  # every kind's, from the defaults
+    voc = TASKS["voc"]
+    options = {k: OPTIONS[k](parse_flags(["--task", "voc"]), voc, 448) for k in Kind}  # every kind's defaults
     spec = {k: KINDS[k].features(options[k], 12, None).describe() for k in Kind}
     assert spec[Kind.KNN] == {"kind": "cls", "n_last_blocks": 1, "blocks": None, "with_cls": False}
     assert spec[Kind.LINEAR]["n_last_blocks"] == 4 and \

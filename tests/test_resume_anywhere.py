@@ -62,7 +62,7 @@ def _hand(epochs, batches_total, batches_current, last: bool, stepped: int) -> d
 
 
 def test_epoch_end_form_by_hand():
-    from lightning_modules.loop_state import epoch_end_form, epochs_trained
+    from lightning_modules.checkpoint_io import epoch_end_form, epochs_trained
     # step0008 of a run with 4 batches per epoch, saved in on_train_batch_end of epoch 1's last batch
     ck = _hand((2, 2, 1, 1), (8, 8, 8, 7), (4, 4, 4, 3), True, 7)
     assert epoch_end_form(ck)
@@ -149,7 +149,7 @@ def test_old_checkpoints_of_an_epochs_last_batch_resume_right(reference, written
     # step0006 (epoch 1's last batch) as Lightning writes it in on_train_batch_end: epoch 1 started, not processed,
     # the batch's completed and the logger's step not yet counted; a run resumed before the fix trained epoch 1
     # uncounted and read ready = started = processed = completed = 1 there
-    from lightning_modules.loop_state import epoch_end_form
+    from lightning_modules.checkpoint_io import epoch_end_form
     on_disk = _load(reference / "checkpoints" / "step0006.ckpt")
     old = _load(reference / "checkpoints" / "step0006.ckpt")
     fit = old["loops"]["fit_loop"]

@@ -242,7 +242,7 @@ def test_bad_input_fails_fast_with_the_valid_names(tmp_path, capsys):
 
 def test_read_result_schema_and_legacy_files(tmp_path):
     """The one schema is read; files from before it (a study begun earlier) keep their sha256 and data."""
-    from study.results import read_result
+    from study.store import read_result
     from tokenmix.results import write_results
     new = tmp_path / "runs" / "softmax" / "analysis" / "pib" / "version_0"
     new.mkdir(parents=True)
@@ -340,13 +340,13 @@ def test_retrieval_is_a_study_task_with_its_column_and_curve(tmp_path, fake):
 
 
 def test_report_paths_are_relative_to_the_repo_or_the_runs_folder(monkeypatch, tmp_path):
-    """study.md names no machine's absolute path (docs/study-demo/study.md once recorded one)."""
+    """study.md names no machine's absolute path (docs/examples/study-demo/study.md once recorded one)."""
     from study import report
     from tokenmix import paths
     assert report._shown(paths.REPO / "runs" / "study" / "demo") == "runs/study/demo"
     monkeypatch.setattr(paths, "RUNS", tmp_path / "elsewhere")
     assert report._shown(tmp_path / "elsewhere" / "study" / "demo") == "<runs>/study/demo"
-    assert "/work/" not in (paths.REPO / "docs" / "study-demo" / "study.md").read_text()
+    assert "/work/" not in (paths.REPO / "docs" / "examples" / "study-demo" / "study.md").read_text()
 
 
 def test_report_command_line_names_no_absolute_path(monkeypatch, tmp_path):
@@ -381,7 +381,7 @@ def test_cells_are_resolved_once_and_run_without_the_planner(tmp_path, fake, mon
     import io
 
     import study.plan as planner
-    from study.cells import read_plan, status
+    from study.store import read_plan, status
     from study.progress import Progress
     spec = planner.Spec.create(name="r", variants=["softmax"], seeds=[1], tasks=["knn", "pib"], preset="tiny",
                                root=tmp_path / "r", at="e1 e2")
@@ -445,3 +445,22 @@ def test_other_demo_data_gets_other_keys(tmp_path, monkeypatch):
     monkeypatch.delenv("TOKENMIX_DEMO_ROOT")
     monkeypatch.delenv("TOKENMIX_DEMO_LAZY")
     assert eval_key(other, "knn", 0) == with_env
+
+
+class _Code:
+    """A pickled object that is not a tensor or container: only a full unpickle (weights_only=False) builds it."""
+
+
+@pytest.mark.timeout(30)
+def test_the_marker_reads_the_step_weights_only(tmp_path):
+    """The marker's global step comes from torch.load(weights_only=True): a plain checkpoint gives its step; one
+    that needs a full unpickle to be read is refused (step unknown), as tokenmix/io.py promises everywhere."""
+    import torch
+
+    from study.store import _global_step
+    plain, pickled = tmp_path / "plain.ckpt", tmp_path / "pickled.ckpt"
+    torch.save({"global_step": 7, "state_dict": {"w": torch.ones(2)}}, plain)
+    torch.save({"global_step": 7, "hyper": _Code()}, pickled)
+    assert _global_step(plain) == 7
+    assert torch.load(pickled, weights_only=False)["global_step"] == 7  # readable, but only by unpickling code
+    assert _global_step(pickled) is None

@@ -96,7 +96,7 @@ def test_every_array_index_runs_its_cell_then_records_it(generated):
 
 def test_finished_cells_leave_the_arrays(generated, tmp_path):
     spec, folder, fake, log = generated
-    from study.cells import record
+    from study.store import record
     for c in plan(spec):
         if c.kind == PRETRAIN:
             ck = c.checkpoint

@@ -112,7 +112,7 @@ def test_minimum_detectable_effect_and_seeds():
 
 
 def test_from_stats_equals_scipy_ttest_ind_from_stats():
-    # docs/lazy-study/supervised.md, lastvit VOC mIoU: the p = 0.091 on 2.2 df
+    # docs/examples/lazy-study/supervised.md, lastvit VOC mIoU: the p = 0.091 on 2.2 df
     d = compare(summary_from_stats(45.62, 0.27, 3), summary_from_stats(47.65, 1.19, 3))
     r = st.ttest_ind_from_stats(45.62, 0.27, 3, 47.65, 1.19, 3, equal_var=False)
     assert d.p == pytest.approx(r.pvalue, rel=1e-9) and d.p == pytest.approx(0.0914, abs=1e-4)

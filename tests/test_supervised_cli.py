@@ -77,7 +77,7 @@ def test_summary_tensorboard_and_checkpoint(lastvit_run):
 @pytest.mark.timeout(600)
 def test_probe_and_analyze_accept_the_checkpoint(lastvit_run):
     from analysis import run as analysis_run
-    from probes.backbone import resolve_backbone
+    from backbones.load import resolve_backbone
     tmp, runs, run = lastvit_run
     ckpt = run / "checkpoints" / "last.ckpt"
     info = resolve_backbone(str(ckpt), "", "vit_test_patch8", 8)

@@ -1,8 +1,6 @@
-"""Statistics of attention maps: exact-zero share, support size, entropy, and [CLS]->patch maps.
-
-Input is what ``model.attention_maps(images)`` returns per block: (B, H, T, T) probabilities, rows = queries,
-T = num_prefix + N (prefix = [CLS] then registers). Softmax never yields exact zeros (except fp underflow);
-entmax-1.5 / sparsemax do, which is the point of measuring them.
+"""Statistics of attention maps: exact-zero share, support size, entropy, and [CLS]->patch maps, from what
+``model.attention_maps(images)`` returns per block: (B, H, T, T), rows = queries, T = num_prefix + N. Softmax never
+yields exact zeros (except underflow); entmax-1.5 / sparsemax do, which is the point of measuring them.
 """
 from __future__ import annotations
 
@@ -19,14 +17,9 @@ def _check_attn(attn: torch.Tensor) -> None:
 
 
 def attention_stats(attn: torch.Tensor, queries: str = "all", num_prefix: int = 1) -> dict[str, torch.Tensor]:
-    """Per-head statistics of one block's attention, averaged over images and query rows.
-
-    Returns a dict of (H,) float tensors:
-      zero_share   - share of entries that are exactly 0
-      support_size - mean number of keys with non-zero weight per query row
-      entropy      - mean Shannon entropy per row in nats (0 log 0 = 0); log(T) for uniform attention
-    queries: "all" rows, "cls" (row 0 only) or "patch" (rows from ``num_prefix`` on).
-    """
+    """Per-head statistics of one block's attention, averaged over images and query rows ("all", "cls": row 0,
+    "patch": rows from ``num_prefix``): (H,) tensors ``zero_share`` (exact zeros), ``support_size`` (non-zero
+    keys per row), ``entropy`` (nats, 0 log 0 = 0)."""
     _check_attn(attn)
     a = attn.detach().to(torch.float64)
     if queries == "cls":
@@ -50,10 +43,8 @@ def attention_stats_per_layer(attns: Sequence[torch.Tensor], **kw) -> dict[str, 
 
 
 def cls_attention_maps(attn: torch.Tensor, num_prefix: int, grid: tuple[int, int]) -> torch.Tensor:
-    """[CLS]-query attention to the patch tokens as maps: (B, H, h, w) (DINO's ``visualize_attention``).
-
-    Attention to the prefix tokens (the [CLS] itself, registers) is dropped, so a map need not sum to 1.
-    """
+    """[CLS]-query attention to the patch tokens as (B, H, h, w) maps (DINO's ``visualize_attention``); the
+    prefix tokens are dropped, so a map need not sum to 1."""
     _check_attn(attn)
     B, H, T, _ = attn.shape
     h, w = int(grid[0]), int(grid[1])

@@ -1,8 +1,5 @@
-"""Atomic file writes and safe checkpoint loading.
-
-Everything tokenmix writes (checkpoints, results.json, figures) goes through :func:`atomic_write`:
-temporary file in the same folder, fsync, rename. A crash mid-write leaves the previous file intact.
-Checkpoints are always read with ``torch.load(..., weights_only=True)``.
+"""Atomic file writes (:func:`atomic_write`: temporary file in the same folder, fsync, rename; a crash leaves the
+previous file intact) and safe checkpoint loading (always ``torch.load(..., weights_only=True)``).
 """
 from __future__ import annotations
 
@@ -108,10 +105,6 @@ def read_file_bytes(path: str | os.PathLike) -> bytes:
 def safe_torch_load(source: str | os.PathLike | bytes, name: str | None = None) -> Any:
     """``torch.load(weights_only=True)`` (tensors, containers and ``argparse.Namespace`` only) with errors that say
     what the file is not. ``source``: a path, or the file's bytes already read (``name`` then labels the messages).
-
-    >>> safe_torch_load("notes.txt")  # doctest: +SKIP
-    CheckpointError: notes.txt: a text file (starts 'hello'), not a torch checkpoint ...
-    >>> safe_torch_load(data, name="last.ckpt")  # the bytes hashed by the caller: one read of the file
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         data, path = bytes(source), name or "<bytes>"

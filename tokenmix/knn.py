@@ -1,7 +1,5 @@
-"""Weighted k-NN classifier of DINO's ``eval_knn.py``.
-
-Features are L2-normalised, similarity is the cosine, each of the k nearest training samples votes
-for its label with weight exp(sim / T); the class with the largest summed weight wins.
+"""Weighted k-NN classifier of DINO's ``eval_knn.py``: cosine similarity of L2-normalised features, each of the k
+nearest training samples voting for its label with weight exp(sim / T).
 """
 from __future__ import annotations
 
@@ -29,8 +27,7 @@ def _check(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: to
 @torch.no_grad()
 def knn_scores(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
                num_classes: int, k: int = 20, T: float = 0.07, chunk: int = 1024) -> torch.Tensor:
-    """(num_test, num_classes) summed vote weights. k is capped at the number of training samples
-    (DINO's topk would fail there instead)."""
+    """(num_test, num_classes) summed vote weights; k capped at the training size (DINO's topk would fail)."""
     _check(train_feats, train_labels, test_feats)
     train = F.normalize(train_feats.float(), dim=1)
     labels = train_labels.long().to(train.device)

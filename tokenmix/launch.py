@@ -1,13 +1,6 @@
 """Multi-device launch checks shared by ``make pretrain`` and ``make probe``, run in the launching process
-before Lightning starts any other process.
-
-    >>> from tokenmix.launch import ddp_strategy, refuse_unlaunched_multinode
-    >>> refuse_unlaunched_multinode(num_nodes=1)        # fine: one node needs no cluster launcher
-    >>> ddp_strategy("auto", accelerator="cpu", devices=1, num_nodes=1, timeout_min=10)
-    'auto'
-
-Cluster environments are Lightning's own classes (TorchElastic, SLURM, LSF, MPI, in Lightning's priority order),
-so what counts as "launched on a cluster" here is exactly what Lightning will use.
+before Lightning starts any other process. Cluster environments are Lightning's own classes, so "launched on a
+cluster" here is exactly what Lightning will use.
 """
 from __future__ import annotations
 
@@ -26,8 +19,7 @@ class LaunchError(ValueError):
 
 
 def cluster_environment() -> Optional[str]:
-    """Name of the cluster environment Lightning would detect ('TorchElasticEnvironment', 'SLURMEnvironment',
-    ...), or None on a plain machine."""
+    """The cluster environment Lightning would detect ('SLURMEnvironment', ...), or None on a plain machine."""
     from lightning.fabric.plugins.environments import (LSFEnvironment, MPIEnvironment, SLURMEnvironment,
                                                        TorchElasticEnvironment)
     for env in (TorchElasticEnvironment, SLURMEnvironment, LSFEnvironment, MPIEnvironment):
@@ -81,17 +73,18 @@ def cuda_report() -> str:
     return f"{line}, but torch.cuda.is_available() is False ({said or 'no reason given by torch'})"
 
 
-def refuse_silent_cpu(data: str, accelerator: str) -> None:
-    """A real dataset (``data``, not the demo data) that would train on the CPU only because no GPU was found
-    (``accelerator`` auto, or gpu / cuda, the setting the run asks Lightning for; ``cpu`` set on the command line
-    or in a preset is a choice, not a fallback). LaunchError naming torch's CUDA build and what it reports about
-    the driver."""
-    if str(accelerator).lower() == "cpu" or torch.cuda.is_available():
-        return
-    raise LaunchError(
-        f"DATA={data} would train on the CPU because no GPU is usable here: {cuda_report()}. Training a real "
-        "dataset on the CPU is never chosen silently (one process, precision 32-true). Fix the driver / install a "
-        "torch built for it, or pass --trainer.accelerator=cpu to train on the CPU on purpose.")
+def check_machine(num_nodes: int, accelerator: str, real_data: str = "", gpu_refusal: str = "") -> None:
+    """What this machine refuses before any process starts: ``num_nodes > 1`` without a cluster launcher; a real
+    dataset (``real_data``) that would train on the CPU only because no GPU is usable (``cpu`` set explicitly is a
+    choice, not a fallback); and ``gpu_refusal``, when given, on a GPU."""
+    refuse_unlaunched_multinode(num_nodes)
+    if real_data and str(accelerator).lower() != "cpu" and not torch.cuda.is_available():
+        raise LaunchError(
+            f"DATA={real_data} would train on the CPU because no GPU is usable here: {cuda_report()}. Training a "
+            "real dataset on the CPU is never chosen silently (one process, precision 32-true). Fix the driver / "
+            "install a torch built for it, or pass --trainer.accelerator=cpu to train on the CPU on purpose.")
+    if gpu_refusal and on_gpu(accelerator):
+        raise LaunchError(gpu_refusal)
 
 
 class _NoTips(logging.Filter):
@@ -160,12 +153,9 @@ def global_rank() -> int:
 
 
 # --- stopping a multi-process run: SIGTERM / SIGINT end every rank within seconds -----------------------------
-# Python runs a signal handler only when the main thread is back in the interpreter. A rank blocked in a gloo
-# collective (Lightning's own SIGTERM handler broadcasts, the other rank may already be gone) never gets there
-# before the process-group timeout. So the C-level handler's wake-up byte (``signal.set_wakeup_fd``) is read by
-# a thread of ours, which prints why, forwards the signal to this process's children (Lightning starts ranks
-# 1..N-1 with a plain ``Popen``) and ends the process with ``os._exit``. Ranks started by our launcher also die
-# with it (``PR_SET_PDEATHSIG``), so a SIGKILLed launcher leaves nothing behind either.
+# A rank blocked in a gloo collective never returns to the interpreter to run a Python signal handler, so a thread
+# of ours reads the C handler's wake-up byte (``signal.set_wakeup_fd``), forwards the signal to the children
+# (Lightning's ranks 1..N-1) and ``os._exit``s. Our ranks also die with the launcher (``PR_SET_PDEATHSIG``).
 LAUNCHER_PID_ENV = "TOKENMIX_LAUNCHER_PID"
 _STOP_SIGNALS = ("SIGTERM", "SIGINT")
 _installed: tuple = ()  # the wake-up socket pair, kept open for the life of the process
@@ -233,8 +223,7 @@ def _die_with_launcher() -> None:
 
 def install_stop_handlers() -> None:
     """Make SIGTERM / SIGINT stop this process and its ranks within seconds, whatever the main thread is doing.
-    Call once, from the main thread of a command-line entry point (never from a library function: it replaces
-    the process's SIGTERM / SIGINT handling). No-op off the main thread or when called again."""
+    Once, from a command-line entry point's main thread (it replaces the process's handling); else a no-op."""
     import signal
     import socket
     import threading

@@ -1,11 +1,6 @@
-"""Import mmsegmentation on top of ``mmcv-lite``.
-
-mmseg 1.2.2 needs mmcv < 2.2; the pure-Python ``mmcv-lite==2.1.0`` wheel has everything we use
-(dataset definitions, ``IoUMetric``, ``DepthMetric``) but not the compiled ``mmcv._ext`` ops module
-that some mmseg imports load eagerly. We register a stand-in module whose attributes are functions
-that raise if a compiled op is ever *called*; nothing in tokenmix calls one.
-
-Always import mmseg through :func:`import_mmseg` (or call :func:`install_shim` first).
+"""Import mmsegmentation on top of ``mmcv-lite`` (mmseg 1.2.2 needs mmcv < 2.2; ``mmcv-lite==2.1.0`` has what we
+use but not the compiled ``mmcv._ext``, which some mmseg imports load eagerly): a stand-in module whose functions
+raise if a compiled op is ever called. Always import mmseg through :func:`import_mmseg`.
 """
 from __future__ import annotations
 

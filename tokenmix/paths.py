@@ -1,9 +1,5 @@
 """Where runs live: ``runs/<variant>/<kind>/...`` (TensorBoard: ``make tensorboard``), the newest pretraining
 checkpoint of a variant and claiming a fresh ``version_N`` folder.
-
-    >>> from tokenmix.paths import claim_version_dir
-    >>> claim_version_dir(RUNS / "softmax" / "probe" / "voc")  # doctest: +SKIP
-    PosixPath('.../runs/softmax/probe/voc/version_3')
 """
 from __future__ import annotations
 
@@ -50,10 +46,9 @@ def claim_version_dir(root: Path) -> Path:
 
 
 def run_version(root: Path, spawns: bool) -> str:
-    """This run's ``version_N`` under ``root``: claimed by rank 0 (the launching process) and handed to the
-    processes Lightning starts through the environment (``spawns``: more than one process). Other ranks
-    started by a cluster launcher (srun, torchrun) claim nothing: they get ``version_rank<r>``, never written.
-    Call :func:`release_version` when the run is over so a next run in this process claims its own folder."""
+    """This run's ``version_N`` under ``root``: claimed by rank 0 and handed to the processes Lightning starts
+    through the environment (``spawns``); ranks a cluster launcher started get ``version_rank<r>``, never written.
+    :func:`release_version` when the run is over lets a next run in this process claim its own folder."""
     from .launch import global_rank
     if os.environ.get(VERSION_ENV):
         return os.environ[VERSION_ENV]

@@ -1,15 +1,8 @@
-"""PCA maps of patch features: the first principal components of the patch tokens shown as RGB.
-
-Protocol (as in the entmax paper's figures and DINOv2's PCA visualisation):
-  * fit the PCA on all patches of the set (``joint=True``, colours comparable across images) or on each image alone;
-  * every component is min-max scaled to [0, 1] over the patches it was fitted on;
-  * optional foreground threshold: scale the first component to [0, 1], keep patches above ``fg_threshold`` as
-    foreground, fit a second PCA on the foreground patches only and colour them; background is black.
-
-The sign of a principal component is arbitrary. We fix it deterministically (largest-magnitude loading positive,
-like scikit-learn's ``svd_flip``) so maps do not flip colours between runs. For the foreground split the first
-component is additionally oriented so that the image border (mostly background in object-centric data) scores
-low; without this the threshold would select background half the time.
+"""PCA maps of patch features: the first principal components of the patch tokens shown as RGB (the entmax
+paper's figures, DINOv2's visualisation; protocol: docs/analysis.md, "PCA maps"). Signs are fixed (largest
+loading positive, as scikit-learn's ``svd_flip``) so colours do not flip between runs; for the foreground split
+the first component is oriented so the image border scores low, else the threshold would pick background half
+the time.
 """
 from __future__ import annotations
 
@@ -19,11 +12,8 @@ __all__ = ["pca_fit", "pca_rgb", "foreground_mask"]
 
 
 def pca_fit(x: torch.Tensor, n_components: int = 3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """PCA of the rows of ``x`` (M, D) -> (mean (D,), components (k, D), explained variance (k,)).
-
-    Components are orthonormal rows, sorted by decreasing variance, sign-fixed (largest |loading| > 0).
-    If fewer than ``n_components`` directions exist (M - 1 or D is smaller), the missing ones are zero.
-    """
+    """PCA of the rows of ``x`` (M, D) -> (mean (D,), components (k, D), explained variance (k,)): orthonormal,
+    by decreasing variance, sign-fixed; missing directions (M - 1 or D < k) are zero."""
     if x.ndim != 2:
         raise ValueError(f"pca_fit expects a (M, D) matrix, got shape {tuple(x.shape)}")
     x = x.detach().to(torch.float64)  # fp64: small variance gaps between components are common in ViT features
@@ -72,10 +62,7 @@ def _check(patch: torch.Tensor, grid: tuple[int, int]) -> tuple[int, int]:
 
 def foreground_mask(patch: torch.Tensor, grid: tuple[int, int], threshold: float = 0.5,
                     joint: bool = True) -> torch.Tensor:
-    """(B, N) boolean foreground mask: first principal component, min-max scaled to [0, 1], above ``threshold``.
-
-    The component is oriented so that border patches score lower than the rest (see module docstring).
-    """
+    """(B, N) foreground: the first component, oriented so border patches score lower, min-max scaled, > threshold."""
     h, w = _check(patch, grid)
     B, N, D = patch.shape
     border = _border_mask((h, w), patch.device)
@@ -95,13 +82,9 @@ def foreground_mask(patch: torch.Tensor, grid: tuple[int, int], threshold: float
 
 def pca_rgb(patch: torch.Tensor, grid: tuple[int, int], n_components: int = 3,
             fg_threshold: float | None = None, joint: bool = True) -> torch.Tensor:
-    """First ``n_components`` principal components of patch features as an image: (B, n_components, h, w) in [0, 1].
-
-    patch: (B, N, D) patch tokens, row-major over the (h, w) grid (``model.extract(...)[-1]["patch"]``).
-    joint: fit one PCA over all B images (colours comparable across the set) or one per image.
-    fg_threshold: if given, patches whose scaled first component is <= threshold are background (black) and the
-        colours come from a PCA fitted on the foreground patches only.
-    """
+    """The first principal components of ``patch`` (B, N, D; row-major over the grid) as (B, n_components, h, w) in
+    [0, 1]: one PCA over all images (``joint``) or one per image; with ``fg_threshold`` the background is black
+    and the colours come from a PCA of the foreground patches only."""
     h, w = _check(patch, grid)
     if n_components < 1:
         raise ValueError(f"n_components must be >= 1, got {n_components}")

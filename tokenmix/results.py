@@ -1,19 +1,8 @@
-"""The one results schema: every probe, analysis and pretraining run writes a JSON file with the same top-level
-keys (``KEYS``); what is particular to one task lives under those keys.
-
-    >>> from tokenmix.results import backbone_entry, write_results
-    >>> write_results("runs/softmax/probe/voc/version_0", task="voc", variant="softmax", data="demo",
-    ...               backbone=backbone_entry({"arch": "vit_demo_patch8"}, "last.ckpt", "3f0c..."),
-    ...               metrics={"mIoU": 41.2}, config={"lr": 0.001})  # doctest: +SKIP
-
-- ``task``: probe task (knn, voc, ...), analysis (pib, pca, ...) or ``pretrain`` / ``supervised``;
-- ``variant``: the run folder under runs/ (the variant, ``<variant>_random``, ``pixels`` or ``--name``): the
-  report's row;
-- ``data``: ``demo`` or the dataset name as passed to ``--data`` (the resolved dataset, root and split: ``config``);
-- ``backbone``: ``{source, config, checkpoint, sha256}``; ``source`` is checkpoint | random | pixels | training;
-- ``metrics``: the numbers (probe layer sweeps: ``{"layers": {"block_k": {...}}}``; analyses also list their PNG
-  files under ``metrics["figures"]``);
-- ``config``: the run's settings; ``created`` (UTC, ISO 8601) and ``host``.
+"""The one results schema: every probe, analysis and pretraining run writes a JSON file with the top-level
+keys ``KEYS``: ``task`` (knn, voc, pib, ..., ``pretrain``), ``variant`` (the run folder: the report's row),
+``data`` (``demo`` or the ``--data`` name), ``backbone`` (``{source, config, checkpoint, sha256}``, source
+checkpoint | random | pixels | training), ``metrics`` (layer sweeps under ``"layers"``, PNGs under
+``"figures"``), ``config``, ``created`` (UTC, ISO 8601) and ``host``.
 """
 from __future__ import annotations
 
@@ -47,8 +36,7 @@ def clean(x: Any) -> Any:
 
 def backbone_entry(config: dict, checkpoint: Optional[str] = None, sha256: Optional[str] = None,
                    source: str = "checkpoint") -> dict[str, Any]:
-    """The ``backbone`` entry: its architecture config, the checkpoint file and that file's sha256 (both None
-    for the random / pixels baselines)."""
+    """The ``backbone`` entry: architecture config, checkpoint file and its sha256 (None for random / pixels)."""
     return {"source": source, "config": dict(config or {}), "checkpoint": None if checkpoint is None
             else str(checkpoint), "sha256": sha256}
 
@@ -78,9 +66,8 @@ def write_results(log_dir: str | Path, *, name: str = "results.json", overwrite:
 
 def write_summary(log_dir: str | Path, *, objective: str, variant: str, data: Optional[str], backbone_config: dict,
                   metrics: dict, config: Optional[dict] = None, checkpoint: Optional[str] = None) -> Path:
-    """A pretraining run's ``summary.json`` in the same schema: task ``pretrain``, ``config["objective"]`` dino or
-    supervised, ``backbone.source`` ``training`` and no sha256 (its last.ckpt is rewritten while the run goes on).
-    A resumed run rewrites the summary of its folder."""
+    """A pretraining run's ``summary.json`` in the same schema (task ``pretrain``, ``backbone.source``
+    ``training``, no sha256: its last.ckpt is rewritten while the run goes on); a resumed run rewrites it."""
     return write_results(log_dir, name="summary.json", overwrite=True, task="pretrain", variant=variant, data=data,
                          backbone=backbone_entry(backbone_config, checkpoint or None, None, "training"),
                          metrics=metrics, config={"objective": objective, **(config or {})})

@@ -1,9 +1,7 @@
-"""Shared pieces of every dataset: strict file decoding, split files, skip-corrupt bookkeeping.
-
-An item (no transform) is a dict holding whichever of these the dataset has:
-  "image" uint8 (3, H, W) RGB · "mask" int64 (H, W), ignore = 255 · "depth" float32 (H, W) metres, 0 = unknown
-  "boxes" float32 (K, 4) xyxy pixel edges, 0-based · "box_labels" int64 (K,) · "label" int · "path" str
-A transform is any callable dict -> dict applied to that item.
+"""Shared pieces of every dataset: strict file decoding, split files, skip-corrupt bookkeeping. An item (no
+transform) holds whichever of these the dataset has: "image" uint8 (3, H, W) RGB, "mask" int64 (H, W) (ignore
+255), "depth" float32 (H, W) metres (0 = unknown), "boxes" float32 (K, 4) xyxy 0-based pixel edges, "box_labels"
+int64 (K,), "label" int, "path" str.
 """
 from __future__ import annotations
 
@@ -168,13 +166,9 @@ class MMSegMeta:
 
 
 class BaseDataset(Dataset):
-    """A list of sample records plus ``load(record) -> item``.
-
-    Subclasses fill ``self.samples`` in ``__init__`` and implement ``load``. A per-sample problem raises a
-    ``SampleError`` subclass naming the file; with ``skip_corrupt=True`` it is logged, recorded in ``skipped``
-    (path -> reason; ``num_skipped`` counts files) and the next sample is returned instead. With DataLoader
-    workers each worker keeps its own record: run ``python -m datamodules.check`` for the full list.
-    """
+    """A list of sample records (``self.samples``, filled by subclasses) plus ``load(record) -> item``. A per-sample
+    ``SampleError`` is raised, or with ``skip_corrupt=True`` logged, recorded in ``skipped`` (path -> reason; per
+    DataLoader worker) and the next sample returned (``python -m datamodules.check`` lists them all)."""
 
     name = "base"
     LAYOUT = ""

@@ -1,7 +1,5 @@
-"""Bounding-box files: VOC / ILSVRC XML and Kaggle's LOC_val_solution.csv.
-
-Boxes come out as float32 (K, 4) xyxy *pixel edges*, 0-based: a box covering pixel columns
-c0..c1 (0-based, inclusive) is x0=c0, x1=c1+1, so width = x1 - x0 and resizing is a plain scale.
+"""Bounding-box files: VOC / ILSVRC XML and Kaggle's LOC_val_solution.csv, read as float32 (K, 4) xyxy *pixel
+edges*, 0-based (pixel columns c0..c1 inclusive give x0=c0, x1=c1+1: width = x1 - x0, resizing a plain scale).
 """
 from __future__ import annotations
 
@@ -15,13 +13,9 @@ from ..errors import CorruptFileError, SplitFileError
 
 
 def parse_xml_boxes(path: Path, one_based: bool) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """(boxes, names, difficult) from a VOC-style annotation XML.
-
-    one_based=True (PASCAL VOC): the devkit doc says the top-left pixel is (1, 1) and xmax/ymax are the last
-    pixel inside the box, so pixel edges are (xmin - 1, ymin - 1, xmax, ymax).
-    one_based=False (ILSVRC): the files document no origin; values are used unchanged as pixel edges
-    (at most 1 px off either way, far below a 16 px patch).
-    """
+    """(boxes, names, difficult) from a VOC-style annotation XML. ``one_based=True`` (PASCAL VOC's devkit: pixels
+    from (1, 1), xmax/ymax inside the box): edges (xmin - 1, ymin - 1, xmax, ymax); False (ILSVRC, no documented
+    origin): unchanged (at most 1 px off, far below a patch)."""
     try:
         tree = ET.parse(path)
     except FileNotFoundError as e:

@@ -1,7 +1,5 @@
-"""Cityscapes fine annotations: 19 train-id classes, everything else 255.
-
-Uses ``*_gtFine_labelTrainIds.png`` (made by cityscapesScripts' createTrainIdLabelImgs, as mmseg expects);
-where only ``*_gtFine_labelIds.png`` exist the official id -> trainId table below is applied.
+"""Cityscapes fine annotations: 19 train-id classes, everything else 255. Reads ``*_gtFine_labelTrainIds.png``
+(cityscapesScripts' createTrainIdLabelImgs, as mmseg expects), else maps ``*_gtFine_labelIds.png`` by the table.
 """
 from __future__ import annotations
 

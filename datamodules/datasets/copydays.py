@@ -7,15 +7,10 @@
     <DATA_ROOT>/whitening/                optional: images the whitening is learned on (DINO: 20k YFCC100M)
     <DATA_ROOT>/distractors/              optional: images added to the database (DINO: 10k YFCC100M)
 
-A split is one of these blocks. Query blocks list their ``.jpg`` files sorted, as DINO's ``get_block``; the
-whitening and distractor folders (which may also live elsewhere: ``whitening_root`` / ``distractors_root``) list
-every image file, as DINO's ``is_image_file``, sorted here (DINO keeps ``os.listdir`` order, which changes no
-number). Ground truth, as DINO's ``eval_result``: a ``strong`` image's originals are those whose file name starts
-with the same 4 characters; in every other block query i is original i. A strong image with no original, or a
-jpegqual / crops block whose size differs from ``original``, is refused naming it.
-
-An item is ``{"image": uint8 (3, imsize, imsize), "path": str, "index": int}``: with ``imsize`` the image is
-resized to a square, bicubic, as DINO's transform (``Resize((imsize, imsize), interpolation=3)``).
+A split is one block, its files sorted (DINO keeps ``os.listdir`` order for whitening and distractors, which
+changes no number). Ground truth, as DINO's ``eval_result``: a ``strong`` image's originals share its first 4
+characters; in every other block query i is original i (a block of another size is refused). An item is
+``{"image", "path", "index"}``, with ``imsize`` resized to a square, bicubic, as DINO.
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Shared parts of the custom-dataset layouts (``custom_seg``, ``custom_depth``): the root's ``metainfo.yaml``,
-pairing images with their targets (refusing unpaired files by name) and a threaded pass over a split's files.
-
-mmsegmentation's custom layout: ``img_dir/<split>/<name><img_suffix>`` next to ``<ann>/<split>/<name><suffix>``;
-``<name>`` may hold sub-folders (matched recursively, as mmseg's ``list_dir_or_file(recursive=True)``).
+pairing ``img_dir/<split>/<name>`` with its target (recursively, as mmseg's ``list_dir_or_file``; unpaired files
+refused by name) and a threaded pass over a split's files.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
     DATA_ROOT/metainfo.yaml                          (optional: the options below)
 
 metres = raw / ``depth_scale`` (1000: millimetres, as NYUv2; 256: KITTI; 1 for .npy already in metres); 0 (and
-non-finite values) = unknown. The metrics are the depth toolbox's, as for NYUv2 (``probes.depth_metric``): pixels
+non-finite values) = unknown. The metrics are the depth toolbox's, as for NYUv2 (``probes.dense.depth_metric``): pixels
 with ``min_depth < gt < max_depth`` inside the optional ``eval_crop`` (``eigen``, ``eigen_abs``, ``garg`` as NYU /
 SUN RGB-D / KITTI, or fractions ``"top,bottom,left,right"`` of the frame). Options: keyword arguments, else the
 root's ``metainfo.yaml``, else the defaults (depth_scale 1000, min_depth 1e-3, max_depth 10, no crop, depth_suffix

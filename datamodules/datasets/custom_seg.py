@@ -1,15 +1,7 @@
-"""Your own segmentation data in mmsegmentation's custom-dataset layout (``DATA=custom_seg``).
-
-    DATA_ROOT/img_dir/{train,val}/<name>.jpg         (img_suffix; <name> may hold sub-folders)
-    DATA_ROOT/ann_dir/{train,val}/<name>.png         (seg_map_suffix; 8-bit single-channel or palette PNG of
-                                                      class ids, 255 = ignore)
-    DATA_ROOT/classes.txt   one class name per line  (or metainfo.yaml: classes, palette, options below)
-
-Options (keyword arguments, else ``metainfo.yaml`` in the root, else the default): ``img_suffix`` (.jpg),
-``seg_map_suffix`` (.png), ``reduce_zero_label`` (False; mmseg's: 0 -> 255, k -> k-1), ``classes``, ``palette``,
-``strict_classes`` (True). Opening a split checks every pair before any work starts (``validate``): images and
-labels paired, same sizes, every label value a class id or 255, and the class list's length consistent with the
-ids the labels use. ``make check-data TASK=custom_seg`` lists every problem instead of stopping at the first.
+"""Your own segmentation data in mmsegmentation's custom-dataset layout (``DATA=custom_seg``; layout and
+options: docs/data.md). Options come from keyword arguments, else ``metainfo.yaml`` in the root, else the
+defaults. Opening a split checks every pair before any work starts (``validate``); ``make check-data
+TASK=custom_seg`` lists every problem instead of stopping at the first.
 """
 from __future__ import annotations
 

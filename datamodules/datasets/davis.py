@@ -1,9 +1,7 @@
-"""DAVIS-2017 semi-supervised video object segmentation, read as DINO's ``eval_video_segmentation.py`` and
-davis2017-evaluation read it: one sample per sequence, its frames sorted by name, an annotation per frame.
-
-Frames are decoded with OpenCV (``cv2.imread``, as DINO; the JPEG decoder matters to the last grey level),
-annotations with PIL as indexed PNGs (the palette index is the object id: 0 background, 1..n objects, 255 void).
-The objects of a sequence are the ids 1..max of its first annotation (davis2017-evaluation's rule).
+"""DAVIS-2017 semi-supervised video object segmentation, as DINO's ``eval_video_segmentation.py`` and
+davis2017-evaluation read it: one sample per sequence, frames sorted by name, decoded with OpenCV as DINO (the
+JPEG decoder matters to the last grey level); annotations are indexed PNGs (0 background, 1..n objects, 255
+void), the objects being the ids 1..max of the first annotation (davis2017-evaluation's rule).
 """
 from __future__ import annotations
 

@@ -12,11 +12,8 @@ from .base import BaseDataset, check_same_size, image_tensor, load_depth_u16, lo
 
 
 def read_bts_split(path: Path, min_tokens: int = 2) -> list[tuple[str, str | None, float | None]]:
-    """Lines 'rgb depth [focal]' (BTS / depth-toolbox format) -> (rgb, depth or None, focal or None).
-
-    A depth of 'None' (KITTI frames without projected ground truth) gives None. Leading '/' is dropped
-    (BTS NYU train lists start with '/<scene>/...', relative to the data path all the same).
-    """
+    """Lines 'rgb depth [focal]' (BTS / depth-toolbox format) -> (rgb, depth or None, focal or None); a depth of
+    'None' (KITTI frames without ground truth) gives None; a leading '/' (BTS NYU train lists) is dropped."""
     out = []
     for n, line in enumerate(read_split_file(path, "depth split file"), 1):
         toks = line.split()

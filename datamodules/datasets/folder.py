@@ -1,15 +1,9 @@
-"""``DATA=folder``: every image under a folder, recursively, in any format PIL opens; no labels, no class folders.
+"""``DATA=folder``: every image under a folder, recursively, in any format PIL opens; no labels, no splits.
 
-The *index* (sorted relative paths, their count and sha256) is built once per launch. During a pretraining the
-launching process (rank 0) scans and writes it beside the run (``<index_dir>/folder-index-<key>.json``, key = the
-folder, the file list and ``verify``) before any other process exists; the other ranks and every DataLoader worker
-read that file (or inherit the list) and never scan again. ``file_list``: a text file with one image path per line
-(relative to DATA_ROOT, or absolute) instead of the scan.
-
-Unreadable files are found while scanning (``verify=True``: every file decoded once, on threads) or when first read.
-Either way they are skipped, counted and listed (``data_report``; the pretraining's summary.json), and a share above
-``max_corrupt`` (default 1 %) stops the run with the list. A folder has no splits: every split name reads every image.
-With ``boxes=True`` (CorLoc, PiB) boxes come from VOC-style ``Annotations/<stem>.xml`` or a COCO ``instances.json``.
+The *index* (sorted relative paths, count, sha256) is built once per launch: rank 0 scans and writes it beside
+the run before any other process exists; the other ranks and workers read it (``file_list``: one path per line
+instead of the scan). Unreadable files are skipped, counted and listed (``data_report``); a share above
+``max_corrupt`` (1 %) stops the run. ``boxes=True``: ``Annotations/<stem>.xml`` or a COCO ``instances.json``.
 """
 from __future__ import annotations
 
@@ -117,9 +111,8 @@ def refuse_corrupt_share(index: dict, skipped: dict, max_corrupt: float) -> None
 
 def open_index(root, *, file_list=None, verify: bool = False, index_dir: str = "", max_corrupt: float = 0.01,
                rank: Optional[int] = None, wait_s: float = 600.0) -> tuple[dict, Optional[Path]]:
-    """(index, its cache file). Rank 0 (the launching process) scans and writes the cache; other ranks read it,
-    waiting up to ``wait_s`` for it (ranks a cluster launcher started at the same time). Without ``index_dir``
-    every process scans (probes, analyses)."""
+    """(index, its cache file): rank 0 scans and writes the cache, other ranks wait up to ``wait_s`` and read it;
+    without ``index_dir`` every process scans (probes, analyses)."""
     if rank is None:
         from tokenmix.launch import global_rank
         rank = global_rank()

@@ -1,8 +1,5 @@
-"""Your own classification data (``DATA=imagefolder``): torchvision's ImageFolder layout with a train and a val split.
-
-    DATA_ROOT/train/<class>/<image>      DATA_ROOT/val/<class>/<image>
-
-Read by the ImageNet loader (class indices = the sorted class folders of ``train/``); no official counts.
+"""Your own classification data (``DATA=imagefolder``): torchvision's ImageFolder layout,
+``DATA_ROOT/{train,val}/<class>/<image>``, read by the ImageNet loader; no official counts.
 """
 from __future__ import annotations
 
@@ -17,4 +14,3 @@ class ImageFolderDataset(ImageNetDataset):
     LAYOUT = LAYOUT
     SOURCE = "your own data (docs/data.md 'Your own data')"
     OFFICIAL_COUNTS: dict[str, int] = {}
-    OFFICIAL_NUM_CLASSES = 0

@@ -25,18 +25,13 @@ def _scan(folder: Path) -> list[str]:
 
 
 class ImageNetDataset(BaseDataset):
-    """ImageFolder dataset. Class indices follow the sorted class folders of ``train/`` (so train and val
-    agree even when a val folder is missing a class); labels are ints.
-
-    boxes: None (no boxes), "auto" (look for LOC_val_solution.csv in the root or XMLs next to the images), a
-    .csv path, or a folder of XMLs (searched recursively, matched by file stem). Images without a box get an
-    empty (0, 4) "boxes".
-    """
+    """ImageFolder dataset; class indices follow the sorted class folders of ``train/`` (train and val agree even
+    when a val folder lacks a class). ``boxes``: None, "auto" (LOC_val_solution.csv in the root or XMLs next to
+    the images), a .csv path, or a folder of XMLs matched by stem; an image without a box gets (0, 4)."""
 
     name = "imagenet"
     LAYOUT, SOURCE = _LAYOUT, _SOURCE
     OFFICIAL_COUNTS = {"train": 1281167, "val": 50000}
-    OFFICIAL_NUM_CLASSES = 1000
 
     def __init__(self, root, split="train", transform=None, skip_corrupt=False, *, boxes=None):
         super().__init__(root, split, transform, skip_corrupt)

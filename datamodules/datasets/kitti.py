@@ -1,8 +1,6 @@
-"""KITTI depth (Eigen split): raw RGB frames + annotated depth (proj_depth/groundtruth, value / 256 m, 0 = none).
-
-Selected by a BTS-format split file ('rgb depth focal'); lines whose depth is 'None' have no ground truth and are
-skipped (Eigen test: 697 lines, 652 with ground truth). Image and depth are KB-cropped to 352x1216 (bottom rows,
-centred columns) on loading, as the depth toolbox does for training and testing (``kb_crop=False`` keeps the frame).
+"""KITTI depth (Eigen split): raw RGB frames + annotated depth (proj_depth/groundtruth, value / 256 m, 0 = none),
+selected by a BTS-format split file ('rgb depth focal'); 'None' depths are skipped (Eigen test: 697 lines, 652 with
+ground truth). Image and depth are KB-cropped to 352x1216 on loading, as the toolbox (``kb_crop=False``: no crop).
 """
 from __future__ import annotations
 
@@ -25,7 +23,6 @@ class KITTIDataset(DepthDataset):
     METAINFO = {"classes": (), "depth_scale": 256.0}
     SPLITS = ("test", "train")
     OFFICIAL_COUNTS = {"test": 652}
-    OFFICIAL_LINES = {"test": 697}
     DEPTH_SCALE = 256.0
     SPLIT_LISTS = {"test": "eigen_test_files_with_gt.txt", "train": "eigen_train_files_with_gt.txt"}
 

@@ -1,17 +1,11 @@
-"""Revisited Oxford and Paris (``roxford5k``, ``rparis6k``) as filipradenovic/revisitop's download script lays them
-out and its ``configdataset`` reads them:
+"""Revisited Oxford and Paris (``roxford5k``, ``rparis6k``) as filipradenovic/revisitop lays them out and its
+``configdataset`` reads them: ``<DATA_ROOT>/<name>/jpg/<image>.jpg`` and ``<DATA_ROOT>/<name>/gnd_<name>.pkl``
+(``imlist``, ``qimlist``, ``gnd``: per query ``bbx`` and ``easy`` / ``hard`` / ``junk`` indices).
 
-    <DATA_ROOT>/roxford5k/jpg/<name>.jpg   <DATA_ROOT>/roxford5k/gnd_roxford5k.pkl   (same for rparis6k)
-
-``gnd_<name>.pkl`` holds ``imlist`` (database names), ``qimlist`` (query names) and ``gnd``: per query its box
-``bbx`` (x1, y1, x2, y2, pixels) and the database indices ``easy``, ``hard``, ``junk``. Split ``query`` is the 70
-queries, ``database`` the rest (the revisited protocol keeps queries out of the database). Everything is checked
-when the dataset opens: the pickle's schema, index ranges and that every listed jpg exists, so a wrong or partial
-copy is refused naming the file, before any feature is computed.
-
-An item is ``{"image": uint8 (3, H, W), "path": str, "index": int}``: a query cropped by its box (the protocol;
-``crop_queries=False``: whole, as DINO's eval_image_retrieval.py reads it), then, with ``imsize``, shrunk so its
-longer side is at most ``imsize`` (PIL ``thumbnail``, Lanczos, as DINO's ``OxfordParisDataset``).
+Split ``query`` is the 70 queries, ``database`` the rest. The pickle's schema, index ranges and every listed jpg
+are checked when the dataset opens. An item is ``{"image", "path", "index"}``: a query cropped by its box
+(``crop_queries=False``: whole, as DINO reads it), then with ``imsize`` shrunk to at most ``imsize`` on its
+longer side (PIL ``thumbnail``, Lanczos, as DINO's ``OxfordParisDataset``).
 """
 from __future__ import annotations
 

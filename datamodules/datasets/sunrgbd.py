@@ -1,9 +1,6 @@
-"""SUN RGB-D depth (evaluation set of 5,050 images) selected by a split list of 'rgb depth' lines.
-
-Depth PNGs are 16-bit with the bits rotated by 3 (SUN RGB-D toolbox: ``bitor(bitshift(d,-3), bitshift(d,13))``):
-depth_mm = (d >> 3) | (d << 13) & 0xFFFF. Loading keeps the full range; the evaluation clips gt and prediction at
-8 m and scores the Eigen crop [45:471, 41:601], as the depth toolbox's ``SUNRGBDDataset.pre_eval``
-(``datamodules.depth_protocol.EVAL_CLIP`` / ``EVAL_CROP``).
+"""SUN RGB-D depth (evaluation set of 5,050 images) selected by a split list of 'rgb depth' lines. Depth PNGs are
+16-bit with the bits rotated by 3 (the toolbox's ``bitor(bitshift(d,-3), bitshift(d,13))``): depth_mm = (d >> 3) |
+(d << 13) & 0xFFFF; loading keeps the full range. Evaluation: the toolbox's ``SUNRGBDDataset.pre_eval`` (8 m clip).
 """
 from __future__ import annotations
 

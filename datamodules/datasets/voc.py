@@ -32,10 +32,8 @@ def find_voc_dir(root: Path, year: str, name: str) -> Path:
 
 
 class VOCDataset(BaseDataset):
-    """VOC segmentation split (``image_set='Segmentation'``) or detection split (``image_set='Main'``, boxes only).
-
-    boxes=True adds "boxes"/"box_labels"/"box_difficult" from Annotations/<id>.xml.
-    """
+    """VOC segmentation split (``image_set='Segmentation'``) or detection split (``image_set='Main'``, boxes only);
+    boxes=True adds "boxes"/"box_labels"/"box_difficult" from Annotations/<id>.xml."""
 
     name = "voc"
     LAYOUT, SOURCE = _LAYOUT, _SOURCE
@@ -116,11 +114,8 @@ class VOCDataset(BaseDataset):
 
 
 class VOC07Dataset(VOCDataset):
-    """PASCAL VOC 2007 (``VOCdevkit/VOC2007``): the CorLoc benchmark of LOST is VOC07 trainval, 5,011 images
-    (``image_set='Main'``, which ``make analyze TASK=corloc DATA=voc07`` selects); segmentation lists also work.
-
-    >>> ds = VOC07Dataset("/data/voc", "trainval", image_set="Main")  # doctest: +SKIP
-    """
+    """PASCAL VOC 2007 (``VOCdevkit/VOC2007``): LOST's CorLoc benchmark is VOC07 trainval, 5,011 images
+    (``image_set='Main'``, selected by ``make analyze TASK=corloc DATA=voc07``)."""
 
     name = "voc07"
     OFFICIAL_COUNTS = VOCDataset.SEG_COUNTS_2007

@@ -1,8 +1,5 @@
-"""Dict -> dict transforms per protocol (classification, dense probes); the depth evaluation protocol is
-``datamodules.depth_protocol``.
-
-Shared views and the ImageNet mean/std: ``datamodules.transforms.views``. The DINO multi-crop augmentation lives in
-``datamodules.transforms.multicrop`` (imported on its own)."""
+"""Dict -> dict transforms per protocol (classification, dense probes). Shared views and the ImageNet mean/std:
+``views``; DINO's multi-crop: ``multicrop`` (imported on its own); the depth protocol: ``datamodules.depth_protocol``."""
 from .classification import LinearProbeTrain, RandomHorizontalFlip, RandomResizedCrop, ResizeCenterCrop
 from .common import Compose, Normalize
 from .dense import FixedResize, floor_to_multiple

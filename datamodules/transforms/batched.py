@@ -1,20 +1,12 @@
 """DINO multi-crop in batch, on whatever device the batch is on (the GPU path of ``data.augment_on=gpu``).
 
-Split of the work:
-  * a DataLoader worker decodes the image (the dataset's own loader: grayscale / CMYK / corrupt files as ever)
-    and draws its crops' :class:`CropParams` from the sample's generator with ``MultiCropTransform.plan``, the
-    code the CPU path runs, so the draws and the resume contract are the same; :func:`pack_params` turns
-    them into one float64 row per crop and :func:`collate_decoded` packs a batch into a :class:`DecodedBatch`
-    (every image's uint8 bytes end to end in one flat buffer: one pinned host-to-device copy);
-  * :class:`BatchedMultiCrop` runs crop + antialiased bicubic resize + flip (``resample.py``: two batched
-    matmuls per chunk of crops), then colour jitter in each crop's drawn order, grayscale, blur, solarize
-    and normalisation, each op once over the crops that draw it (index lists built on the host: no device
-    sync, no per-crop launch). ``DINOPretrainDataModule.on_after_batch_transfer`` calls it.
-
-Given the same CropParams each crop equals ``MultiCropTransform.apply`` up to float rounding: the resize
-matches torch's uint8 kernel level for level except at float32 near-ties (measured: ~1e-6 of the pixels, by
-one level), the photometric ops are the same formulas with per-crop factors. Bound: 2.4 grey levels per pixel
-(one level through the jitter's gains); measured under 1 (tests/test_batched_multicrop.py).
+A DataLoader worker decodes the image and draws its crops' :class:`CropParams` with ``MultiCropTransform.plan``
+(the CPU path's code, so the draws and the resume contract are the same); :func:`collate_decoded` packs a batch
+into one flat uint8 buffer (one host-to-device copy). :class:`BatchedMultiCrop` then runs crop + resize + flip
+(``resample.py``) and the photometric ops, each op once over the crops that draw it (index lists built on the
+host: no device sync, no per-crop launch). Given the same CropParams each crop equals
+``MultiCropTransform.apply`` up to float rounding: bound 2.4 grey levels per pixel, measured under 1
+(tests/test_batched_multicrop.py).
 """
 from __future__ import annotations
 
@@ -81,10 +73,9 @@ def unpack_params(rows: np.ndarray, cfg: MultiCropConfig) -> list[CropParams]:
 
 @dataclass
 class DecodedBatch:
-    """A batch of decoded images and their drawn crops. ``pixels``: flat uint8, image b's (3, H, W) bytes at
-    offset sum(3 H W of the images before it), then zero padding; ``shapes`` (B, 2) H, W and ``params``
-    (B, n_crops, columns) stay numpy on the host (Lightning moves only tensors), so reading them needs no
-    device sync."""
+    """Decoded images and their drawn crops. ``pixels``: flat uint8, each image's (3, H, W) bytes end to end, then
+    zero padding; ``shapes`` (B, 2) and ``params`` (B, n_crops, columns) stay numpy on the host (Lightning moves
+    only tensors), so reading them needs no device sync."""
     pixels: torch.Tensor
     shapes: np.ndarray
     params: np.ndarray

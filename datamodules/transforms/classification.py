@@ -12,10 +12,7 @@ from .views import eval_resize, random_resized_crop_box
 
 
 class RandomResizedCrop:
-    """torchvision's RandomResizedCrop sampling (10 tries, then the central crop of clamped ratio), on the dict.
-
-    DINO's eval_linear uses the default (bilinear) interpolation here; bicubic is only for the eval resize.
-    """
+    """torchvision's RandomResizedCrop sampling on the dict (bilinear, as DINO's eval_linear)."""
 
     def __init__(self, size: int = 224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
                  interpolation=InterpolationMode.BILINEAR, generator: torch.Generator | None = None):
@@ -60,13 +57,8 @@ class ResizeCenterCrop:
 
 
 class LinearProbeTrain:
-    """DINO ``eval_linear.py``'s train view: torchvision's ``RandomResizedCrop(size)`` (default bilinear) and
-    ``RandomHorizontalFlip()``, drawn from the global torch RNG as there. The image stays uint8: the model
-    normalises (``views.normalize``). The eval view is :class:`ResizeCenterCrop`.
-
-    >>> LinearProbeTrain(32)({"image": torch.zeros(3, 48, 64, dtype=torch.uint8), "label": 3})["image"].shape
-    torch.Size([3, 32, 32])
-    """
+    """DINO ``eval_linear.py``'s train view: ``RandomResizedCrop(size)`` (bilinear) and ``RandomHorizontalFlip()``
+    from the global torch RNG, as there. The image stays uint8 (the model normalises)."""
 
     def __init__(self, size: int = 224):
         import torchvision.transforms.v2 as T

@@ -1,10 +1,5 @@
-"""The random choices of a multi-crop sample, one :class:`CropParams` record per crop, drawn in a fixed order
-from one ``torch.Generator`` so a generator state fixes every crop (what makes pretraining resumable bit for bit).
-
->>> from datamodules.transforms.multicrop_config import make_config
->>> ps = sample_params(make_config("demo"), 64, 64, torch.Generator().manual_seed(0))
->>> [p.kind for p in ps][:3], ps[0].size
-(['global1', 'global2', 'local'], 64)
+"""The random choices of a multi-crop sample, one :class:`CropParams` per crop, drawn in a fixed order from one
+``torch.Generator``: a generator state fixes every crop (what makes pretraining resumable bit for bit).
 """
 from __future__ import annotations
 
@@ -61,11 +56,8 @@ def sample_crop_box(height: int, width: int, scale: Sequence[float], ratio: Sequ
 
 def sample_params(cfg: MultiCropConfig, height: int, width: int,
                   g: torch.Generator | None = None) -> list[CropParams]:
-    """All random choices for one image, globals first (global 1, global 2, then the locals).
-
-    One ``torch.rand`` call per image (a fixed number of uniforms per crop, whatever the probabilities),
-    then plain Python: drawing them one by one cost more than the crops of a small image.
-    """
+    """All random choices for one image, globals first: one ``torch.rand`` call (a fixed number of uniforms per
+    crop), then plain Python (drawing one by one cost more than the crops of a small image)."""
     b, c, s, h = cfg.jitter_strengths
     strengths = (b, c, s, h)
     kinds = ["global1", "global2"] + ["local"] * cfg.n_local

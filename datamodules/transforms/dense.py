@@ -1,13 +1,6 @@
 """The dense probes' view (segmentation and depth): the image resized to a fixed (h, w), multiples of the patch size.
-
-For training the mask / depth map follows (nearest) so batches stack; for evaluation it keeps the label size and
-the probe upsamples its prediction to it (evaluation at label size). No random crop or flip: the head is linear on
-frozen features, and a fixed view lets the probe cache the features of every sample after the first epoch.
-
->>> item = {"image": torch.zeros(3, 60, 80, dtype=torch.uint8), "mask": torch.zeros(60, 80, dtype=torch.int64)}
->>> out = FixedResize((32, 48), targets=False)(item)
->>> tuple(out["image"].shape), tuple(out["mask"].shape), out["image"].dtype
-((3, 32, 48), (60, 80), torch.uint8)
+Training targets follow (nearest, so batches stack); evaluation targets keep the label size (the probe upsamples
+to it). No random crop or flip: the head is linear on frozen features, and a fixed view lets the probe cache them.
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""DINO multi-crop augmentation: 2 global + N local crops with the official colour/blur/solarize recipe.
-
-:class:`MultiCropTransform` is the fast implementation of facebookresearch/dino ``DataAugmentationDINO``: a uint8
-CHW tensor in, crop first then resize (work is proportional to the output size), photometric ops on float
-tensors, every random choice drawn from a ``torch.Generator`` so a sample is reproducible from its seed.
-Its parts: the recipe (``multicrop_config.py``), the random choices (``crop_plan.py``), the photometric
-kernels (``photometric.py``). The PIL reference it is tested and benchmarked against (official transforms,
-official randomness) is ``bench/pil_multicrop.py``.
+"""DINO multi-crop augmentation: the fast implementation of facebookresearch/dino ``DataAugmentationDINO``
+(uint8 CHW in, crop then resize, photometric ops on float, every random choice from a ``torch.Generator``).
+Parts: the recipe (``multicrop_config.py``), the draws (``crop_plan.py``), the kernels (``photometric.py``); the
+PIL reference it is tested against: ``bench/pil_multicrop.py``.
 """
 from __future__ import annotations
 
@@ -45,14 +41,9 @@ def _channels_last(img: torch.Tensor) -> torch.Tensor:
 
 
 class MultiCropTransform:
-    """Fast DINO multi-crop on uint8 tensors: ``t(img_uint8_chw, generator=None) -> [global1, global2, *locals]``.
-
-    Each output is a normalised float32 (3, size, size) tensor. Crop boxes, flips, jitter factors and order,
-    grayscale, blur sigma and solarize are drawn from ``generator`` (default: torch's global RNG) in a fixed
-    order, so the same generator state gives the same crops.
-    Deviations from the PIL reference: photometric ops run on float32 after the (uint8, bicubic, antialiased)
-    resize, so there is no 8-bit rounding between ops; blur uses PIL's kernel (see :func:`gaussian_blur`).
-    """
+    """``t(img_uint8_chw, generator=None) -> [global1, global2, *locals]``, normalised float32 (3, size, size).
+    Every draw comes from ``generator`` (default: torch's global RNG) in a fixed order. Deviations from PIL:
+    photometric ops run on float32 after the uint8 resize (no 8-bit rounding between ops)."""
 
     def __init__(self, config: MultiCropConfig | None = None, **kwargs):
         if config is not None and kwargs:
@@ -81,12 +72,8 @@ class MultiCropTransform:
 
     @staticmethod
     def crop_resize(img: torch.Tensor, p: CropParams) -> torch.Tensor:
-        """Crop ``p.box`` then resize to ``p.size`` (bicubic, antialiased like PIL): uint8 (3, size, size).
-
-        ``img``: uint8 (3, H, W), or (1, 3, H, W) channels-last as :func:`_channels_last` gives; torch's uint8
-        antialiased resize is ~3x faster on channels-last input. Only the crop is read, so the cost follows
-        the crop, not the image.
-        """
+        """Crop ``p.box`` then resize to ``p.size`` (bicubic, antialiased like PIL): uint8 (3, size, size). ``img``:
+        (3, H, W), or (1, 3, H, W) channels-last (torch's uint8 resize is ~3x faster on it); only the crop is read."""
         x = img if img.ndim == 4 else _channels_last(img)
         top, left, h, w = p.box
         out = torch_F.interpolate(x[:, :, top:top + h, left:left + w], size=(p.size, p.size), mode="bicubic",

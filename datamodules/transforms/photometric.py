@@ -9,13 +9,9 @@ import torchvision.transforms.v2.functional as F
 
 
 def pil_blur_kernel(radius: float, passes: int = 3) -> list[float]:
-    """The 1-D kernel of PIL's ``GaussianBlur(radius)``: ``passes`` extended box blurs, total variance radius**2.
-
-    Pillow (BoxBlur.c, after Gwosdek et al. 2011) splits the variance over the passes and uses a box of
-    integer radius l plus fractional end weights a; same formula here, the passes composed into one kernel.
-    A sampled Gaussian would not do: for radius < ~0.8 its variance is far below radius**2 (at 0.3 it
-    barely blurs at all, PIL spreads ~10% of a pixel to each neighbour).
-    """
+    """The 1-D kernel of PIL's ``GaussianBlur(radius)``: ``passes`` extended box blurs of total variance radius**2
+    (Pillow's BoxBlur.c, after Gwosdek et al. 2011), composed into one kernel. A sampled Gaussian would not do:
+    below radius ~0.8 its variance is far below radius**2."""
     sigma2 = radius * radius / passes
     big_l = math.sqrt(12.0 * sigma2 + 1.0)
     l = math.floor((big_l - 1.0) / 2.0)
@@ -30,12 +26,9 @@ def pil_blur_kernel(radius: float, passes: int = 3) -> list[float]:
 
 
 def gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
-    """PIL ``GaussianBlur(radius=sigma)`` on a float (..., H, W) tensor: separable, edge pixels repeated.
-
-    Same kernel as PIL (:func:`pil_blur_kernel`); differences: no 8-bit rounding between the box passes and
-    the edge is extended once rather than per pass (a grey level or so near borders, see the tests).
-    Shifted weighted sums instead of conv2d: single-channel conv2d is several times slower on CPU.
-    """
+    """PIL ``GaussianBlur(radius=sigma)`` on a float (..., H, W) tensor, edge pixels repeated. Unlike PIL no 8-bit
+    rounding between passes and the edge extended once (a grey level near borders). Shifted weighted sums:
+    single-channel conv2d is several times slower on CPU."""
     k = pil_blur_kernel(sigma)
     r = len(k) // 2
     h, w = x.shape[-2], x.shape[-1]
@@ -57,13 +50,9 @@ _HUE_OFFSETS = torch.tensor([5.0, 3.0, 1.0]).view(3, 1, 1)
 
 
 def adjust_hue(x: torch.Tensor, hue_factor: float | torch.Tensor) -> torch.Tensor:
-    """HSV hue rotation of a float RGB (..., 3, H, W) tensor in [0, 1] (same result as ``F.adjust_hue``), on
-    the tensor's device; ``hue_factor`` a float or a tensor broadcasting against (..., 1, H, W) (one per crop).
-
-    Rotating hue keeps V = max and chroma C = max - min, so RGB is rebuilt directly from (h, V, C) with
-    in-place arithmetic (no where/remainder: ~10x slower than plain arithmetic on CPU): about 2x faster
-    than the generic RGB -> HSV -> RGB round trip.
-    """
+    """HSV hue rotation of float RGB (..., 3, H, W) in [0, 1], as ``F.adjust_hue``; ``hue_factor`` a float or a
+    tensor broadcasting against (..., 1, H, W). RGB is rebuilt from (h, V, C), which a hue rotation keeps, with
+    in-place arithmetic: about 2x faster than the RGB -> HSV -> RGB round trip."""
     if not torch.is_tensor(hue_factor) and hue_factor == 0.0:
         return x
     v, idx = x.max(-3, keepdim=True)  # idx: the max channel (ties give the same hue either way)

@@ -1,21 +1,15 @@
 """Crop + antialiased bicubic resize of many crops at once, as batched matrix products, on any device.
 
-Torch's uint8 ``interpolate(mode="bicubic", antialias=True)`` (what ``MultiCropTransform`` uses on CPU, PIL's
-filter: Keys cubic with a = -0.5, support scaled by the downscale factor) is separable: a horizontal pass, then
-a vertical one, each a fixed-point dot product rounded to uint8. Both passes are products with a weight matrix,
-so every crop of one output size goes through the same two ``matmul`` calls, each crop with its own weights:
+Torch's uint8 ``interpolate(mode="bicubic", antialias=True)`` (PIL's filter: Keys cubic, a = -0.5, support scaled
+by the downscale factor) is separable, each pass a fixed-point dot product rounded to uint8, so every crop of one
+output size goes through the same two ``matmul`` calls with its own weights:
 
     out = round(W_h · round(crop · W_wᵀ))        W_w: (size, crop width), W_h: (size, crop height)
 
-The weights are torch's own (``_compute_index_ranges_int16_weights`` in aten's UpSampleKernel.cpp, rebuilt
-here in float64): normalised, then rounded to int16 at the precision the largest weight allows; q / 2**p is
-exact in float32 and the pixel products are exact too, so each pass rounds like torch's integer code except
-when a sum lies within float32 rounding (~1e-5 level) of a half level. A flip reverses W_w's rows (free).
-
-Crops of different sizes are padded to their chunk's largest crop: padded taps have weight 0. Crops are cut out
-of a flat uint8 buffer (every image of the batch flattened, end to end) by one ``index_select`` of row windows
-on its sliding-window view: no per-crop kernel launch. Sorting crops by area and cutting the list into a few
-chunks keeps the padding small (see :func:`chunk_rows`).
+The weights are torch's own (``_compute_index_ranges_int16_weights``, aten's UpSampleKernel.cpp, rebuilt in
+float64 and rounded to int16 as there); q / 2**p and the pixel products are exact in float32, so each pass rounds
+like torch's integer code except at float32 near-ties (~1e-5). A flip reverses W_w's rows. Crops of a chunk are
+padded to its largest (zero-weight taps) and cut from one flat uint8 buffer by one ``index_select``.
 """
 from __future__ import annotations
 
@@ -46,12 +40,9 @@ def max_taps(in_size: int, out_size: int) -> int:
 
 def tap_table(in_sizes: torch.Tensor, out_size: int, taps: int,
               flip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Torch's uint8 antialiased bicubic weights of n resizes of one axis, as tap tables: (weights (n, out, taps)
-    float32 = q / 2**p, first input sample (n, out, 1), tap count (n, out, 1)) int64.
-
-    ``in_sizes``: (n,) int64 on the target device; ``taps`` >= :func:`max_taps` of the largest input.
-    ``flip``: (n,) bool, reverse the output order (a horizontal flip of the resized crop).
-    """
+    """Torch's uint8 antialiased bicubic weights of n resizes of one axis: (weights (n, out, taps) float32 =
+    q / 2**p, first input sample (n, out, 1), tap count (n, out, 1)). ``in_sizes``: (n,) int64; ``taps`` >=
+    :func:`max_taps` of the largest; ``flip``: (n,) bool, reverse the outputs (a horizontal flip)."""
     dev = in_sizes.device
     size = in_sizes.to(torch.float64)[:, None, None]
     scale = size / out_size
@@ -134,12 +125,9 @@ def _gather(flat: torch.Tensor, geom: torch.Tensor, pad_h: int, pad_w: int) -> t
 def resize_crops(flat: torch.Tensor, geom: torch.Tensor, out_size: int,
                  chunks: list[tuple[int, int, int, int]]) -> torch.Tensor:
     """Crop + resize + flip of n crops: float32 (n, 3, out_size, out_size) holding uint8 levels 0..255.
-
-    ``geom``: (n, 8) int64 on the device, per crop (image offset in ``flat``, image H, image W, top, left,
-    crop h, crop w, flip). ``chunks``: host-known (start, stop, pad_h, pad_w) row ranges covering ``geom`` in
-    order, pad_h / pad_w >= every crop's h / w in the range (they size the buffers; see :func:`chunk_rows`).
-    The weight tables are built once for all crops, each chunk is one gather and two matmuls.
-    """
+    ``geom``: (n, 8) int64 per crop (offset in ``flat``, H, W, top, left, h, w, flip). ``chunks``: host-known
+    (start, stop, pad_h, pad_w) row ranges covering ``geom`` (see :func:`chunk_rows`); each is one gather and
+    two matmuls."""
     n = len(geom)
     taps = max_taps(max(max(c[2], c[3]) for c in chunks), out_size)
     flip = torch.cat([geom[:, 7].bool(), torch.zeros_like(geom[:, 7], dtype=torch.bool)])
@@ -159,10 +147,9 @@ def resize_crops(flat: torch.Tensor, geom: torch.Tensor, out_size: int,
 
 def chunk_rows(h: np.ndarray, w: np.ndarray, waste: float = 1.5, max_chunks: int = 8,
                max_elems: int = 1 << 26) -> list[np.ndarray]:
-    """Cut crops of one output size into chunks of similar size, in ascending area. A chunk closes when padding
-    the next crop in would make its padded pixels exceed ``waste`` x its real pixels, once it holds at least
-    1/``max_chunks`` of the crops (a bound on kernel launches), or when it would pass ``max_elems`` padded
-    elements (memory). Returns the crop indices of each chunk."""
+    """Crop indices of one output size cut into chunks, in ascending area. A chunk closes when the next crop would
+    make its padded pixels exceed ``waste`` x its real ones (once it holds 1/``max_chunks`` of the crops) or its
+    padded elements exceed ``max_elems``."""
     order = np.argsort(h.astype(np.int64) * w, kind="stable")
     least = -(-len(order) // max_chunks)
     chunks, cur, real, mh, mw = [], [], 0, 0, 0

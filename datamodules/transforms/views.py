@@ -1,17 +1,11 @@
-"""The data views every protocol shares, each written once:
-
-* ``IMAGENET_MEAN`` / ``IMAGENET_STD`` and :func:`normalize` (DINO / timm input normalisation);
-* the DINO evaluation view, Resize(short side -> ``crop * 256/224``, bicubic) + CenterCrop(``crop``):
-  :func:`eval_resize` (the resize for a crop), :func:`eval_view` (uint8 image in, uint8 view out);
-  ``ResizeCenterCrop`` (``transforms/classification.py``) is the same view on a dict item (masks, boxes);
-* :func:`random_resized_crop_box`, torchvision's ``RandomResizedCrop.get_params`` search, fed by the caller's
-  randomness (the multi-crop plan draws it from one tensor of uniforms, the linear-probe view one by one).
+"""The data views every protocol shares, each written once: ``IMAGENET_MEAN`` / ``IMAGENET_STD`` and
+:func:`normalize`; DINO's evaluation view, Resize(short side -> ``crop * 256/224``, bicubic) + CenterCrop(``crop``)
+(:func:`eval_resize`, :func:`eval_view`; ``ResizeCenterCrop`` is the same on a dict item); and
+:func:`random_resized_crop_box`, torchvision's ``RandomResizedCrop.get_params`` fed by the caller's randomness.
 
 >>> img = torch.randint(0, 256, (3, 80, 100), dtype=torch.uint8)
 >>> eval_view(img, 64).shape                       # short side -> eval_resize(64) = 73, then the 64 px centre
 torch.Size([3, 64, 64])
->>> normalize(eval_view(img, 64)).dtype
-torch.float32
 """
 from __future__ import annotations
 
@@ -53,11 +47,8 @@ def eval_view(img: torch.Tensor, crop: int, resize: int | None = None) -> torch.
 def random_resized_crop_box(height: int, width: int, scale: Sequence[float], ratio: Sequence[float],
                             draw: Callable[[], tuple[float, float]],
                             place: Callable[[int, int], tuple[int, int]], tries: int = 10) -> tuple[int, int, int, int]:
-    """torchvision ``RandomResizedCrop.get_params``: (top, left, height, width).
-
-    ``draw()`` gives one try's (area share in ``scale``, aspect ratio in ``ratio``); ``place(H - h, W - w)`` the
-    offsets of an accepted box. After ``tries`` misses: the central crop with the ratio clamped to ``ratio``.
-    """
+    """torchvision ``RandomResizedCrop.get_params``: (top, left, height, width). ``draw()``: one try's (area share,
+    aspect ratio); ``place(H - h, W - w)``: an accepted box's offsets; after ``tries`` misses the central crop."""
     area = height * width
     for _ in range(tries):
         share, aspect = draw()

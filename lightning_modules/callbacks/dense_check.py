@@ -5,10 +5,10 @@ At the exact starting weights (before the first step), every ``every_n_epochs`` 
 and at the end, on a small labelled set (``task`` voc / ade20k; the demo VOC scenes for ``data: demo``, else the
 dataset at ``data_root`` or ``$TOKENMIX_DENSE_ROOT``, evenly spaced ``max_samples`` of each split):
 
-- ``dense_mIoU`` (+ aAcc, mAcc): ``probes.ridge`` on the probe protocol's views: the same number as
+- ``dense_mIoU`` (+ aAcc, mAcc): ``probes.dense.ridge`` on the probe protocol's views: the same number as
   ``make probe TASK=voc CKPT=<that checkpoint> ARGS="--solver ridge --max-samples N --ridge-lambda L"``;
 - ``dense_retrieval_mIoU``: dense nearest-neighbour retrieval with no head to fit (``Retrieval``: the Hummingbird
-  core of ``probes.retrieval`` on the same forwards), memory of ``retrieval_memory`` training patches;
+  core of ``probes.headfree.retrieval`` on the same forwards), memory of ``retrieval_memory`` training patches;
 - the per-image measures of ``tokenmix.dense_measures`` (Point-in-Box of [CLS] with each class's extent in the
   validation masks as boxes, Patch Score spread, cos(patch, [CLS]), effective rank, and on the first
   ``attn_images`` validation images the attention rows' entropy and share of exact zeros over every block).
@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, Subset
 
 from datamodules.demo import is_demo
 from lightning_modules.callbacks.periodic import epoch_check_due
-from probes import retrieval as hb
+from probes.headfree import retrieval as hb
 from tokenmix.dense_measures import ATTENTION_TERMS, MEASURES, Sums, image_record
 
 ROOT_ENV = "TOKENMIX_DENSE_ROOT"
@@ -54,7 +54,7 @@ def _eval_mode(model: torch.nn.Module):
 
 def _forward(model, images: torch.Tensor, device, record: bool = False):
     """``TokenMixViT.forward_record`` of the probe protocol's normalised ``images`` (what
-    ``probes.features.FrozenFeatures`` gives the probe CLI: same call, same bits), every block recorded with
+    ``probes.core.features.FrozenFeatures`` gives the probe CLI: same call, same bits), every block recorded with
     ``record``."""
     from datamodules.transforms.views import normalize
     return model.forward_record(normalize(images.to(device)), range(model.depth) if record else ())
@@ -79,7 +79,7 @@ def reduce_sums(sums: Sums, dim: int, reduce) -> Sums:
 
 
 class Retrieval:
-    """Hummingbird dense retrieval on the check's own forwards, with the probe's core (``probes.retrieval``).
+    """Hummingbird dense retrieval on the check's own forwards, with the probe's core (``probes.headfree.retrieval``).
     Each training image gives its ``per_image(memory_size, n_train, 1, patches)`` patches (``sample_patches``,
     rarest classes first, drawn from ``image_generator(seed, 0, index)``: the same memory however the images are
     sharded); ``gather`` joins the shards on every rank; each validation patch takes the labels of its k nearest
@@ -102,7 +102,7 @@ class Retrieval:
 
     def gather(self, dim: int, device, rank: int, world: int, all_gather) -> None:
         """Every rank calls this once (a collective when ``world`` > 1): the whole memory, on every rank."""
-        from probes.features import gather_shards
+        from probes.core.features import gather_shards
         f = torch.cat([r[0] for r in self.rows]) if self.rows else torch.zeros(0, self.n_keep, dim, device=device)
         y = torch.cat([r[1] for r in self.rows]) if self.rows else torch.zeros(0, self.n_keep, self.C, device=device)
         f, y = (gather_shards(t.to(device), self.n_train, rank, world, all_gather) for t in (f, y))
@@ -114,7 +114,7 @@ class Retrieval:
 
     @staticmethod
     def miou(confusion: torch.Tensor) -> float:
-        from probes.matching import hungarian, matched_miou
+        from probes.headfree.matching import hungarian, matched_miou
         cm = confusion.round().long()
         return 100.0 * matched_miou(cm, hungarian(cm))["mIoU"]
 
@@ -139,7 +139,7 @@ class DenseProbeCheck(pl.Callback):
                  retrieval_temperature: float = hb.TEMPERATURE):
         self.task, self.data, self.data_root = task, data, data_root
         # retrieval (0: off): memory in patches (default the reference's smallest, capped at every patch), k and
-        # temperature the reference's (probes.retrieval)
+        # temperature the reference's (probes.headfree.retrieval)
         self.retrieval_memory, self.retrieval_k = retrieval_memory, retrieval_k
         self.retrieval_t = retrieval_temperature
         self.max_samples, self.ridge_lambda, self.batch_size = max_samples, ridge_lambda, batch_size
@@ -163,8 +163,8 @@ class DenseProbeCheck(pl.Callback):
     def datamodule(self, patch_size: int):
         """The probe protocol's DataModule of the labelled set (both splits, ``max_samples`` evenly spaced)."""
         if self._dm is None:
-            from probes.data import probe_datamodule, probe_dataset
-            from probes.tasks import get_task
+            from probes.core.data import probe_datamodule, probe_dataset
+            from probes.core.task_table import get_task
             task = get_task(self.task)
             demo = is_demo(self.data)
             name, root = probe_dataset(task, self.data, self.data_root or os.environ.get(ROOT_ENV, ""))
@@ -200,7 +200,7 @@ class DenseProbeCheck(pl.Callback):
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
         """Every rank calls this (the probe's two all-reduces, the retrieval memory's gather, then ``reduce_sums``'
         one); returns the same numbers on every rank."""
-        from probes.ridge import run_ridge_probe
+        from probes.dense.ridge import run_ridge_probe
         t0, c0 = time.perf_counter(), time.process_time()
         model = pl_module.teacher.backbone
         dm = self.datamodule(model.patch_size)

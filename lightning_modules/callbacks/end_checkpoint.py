@@ -1,10 +1,7 @@
 """``EndCheckpoint``: the state at the end of fit is in ``last.ckpt``, whatever the checkpoint period.
 
-``ModelCheckpoint(every_n_train_steps=k, save_last=True)`` writes last.ckpt only at multiples of k (its own
-``on_train_end`` only when it never wrote one), so a run of 9 steps with k = 2 ends with last.ckpt at step 8: a
-``RESUME=1`` after the end (a requeued job, a study cell run again) would train step 9 a second time and rewrite
-the finished run's summary. Always on (``lightning_modules.pretrain``). Every rank calls this hook, so the save,
-a collective, is reached by all.
+``ModelCheckpoint(every_n_train_steps=k, save_last=True)`` writes last.ckpt only at multiples of k, so a
+``RESUME=1`` after the end would train the last steps again. Every rank calls this hook (the save is a collective).
 """
 from __future__ import annotations
 

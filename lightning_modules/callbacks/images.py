@@ -1,7 +1,5 @@
 """TensorBoard images of fixed validation images: DINO's PCA / attention maps and token statistics
-(``PretrainVisuals``), LaSt-ViT's vote-count maps (``VoteMaps``).
-
-Rank 0 only, after every collective: ``log_now`` calls none."""
+(``PretrainVisuals``), LaSt-ViT's vote-count maps (``VoteMaps``). Rank 0 only: ``log_now`` calls no collective."""
 from __future__ import annotations
 
 from typing import Optional
@@ -9,7 +7,7 @@ from typing import Optional
 import lightning.pytorch as pl
 import torch
 
-from tokenmix.attention_stats import attention_stats as _attention_stats
+from tokenmix.attention_stats import attention_stats as _attention_stats, cls_attention_maps
 from tokenmix.pca import pca_rgb as _pca_rgb
 from tokenmix.precision import inference_autocast
 
@@ -58,9 +56,8 @@ class FixedImagesCallback(pl.Callback):
 
 
 class PretrainVisuals(FixedImagesCallback):
-    """Every ``every_n_epochs`` (and at the start and end), on a fixed set of validation images through the
-    teacher backbone: PCA maps of the patch features, [CLS] attention maps of the last block (per head),
-    per-layer attention sparsity and entropy, and patch-token norm statistics."""
+    """Every ``every_n_epochs`` (and at the start and end), fixed validation images through the teacher: PCA maps,
+    last-block [CLS] attention per head, per-layer attention sparsity and entropy, and patch-token norms."""
 
     @torch.no_grad()
     def log_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -88,8 +85,7 @@ class PretrainVisuals(FixedImagesCallback):
             tb.add_scalar(f"attention/zero_share/block{i}", st["zero_share"].mean().item(), step)
             tb.add_scalar(f"attention/entropy/block{i}", st["entropy"].mean().item(), step)
         last = attns[-1].float()
-        prefix = last.shape[-1] - grid[0] * grid[1]
-        cls_maps = last[:, :, 0, prefix:].reshape(x.shape[0], -1, grid[0], grid[1])  # (B, heads, h, w)
+        cls_maps = cls_attention_maps(last, last.shape[-1] - grid[0] * grid[1], grid)  # (B, heads, h, w)
         cls_maps = cls_maps / cls_maps.amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
         heads = cls_maps.shape[1]
         tiles = cls_maps.permute(1, 0, 2, 3).reshape(heads * x.shape[0], 1, grid[0], grid[1])

@@ -1,12 +1,8 @@
-"""Keep the checkpoints of chosen training points: ``make study ... AT="25% 50% 100%"`` evaluates each of them.
+"""Keep the checkpoints of chosen training points (``make study ... AT="25% 50% 100%"`` evaluates each).
 
-    --trainer.callbacks+=lightning_modules.callbacks.keep_checkpoints.KeepCheckpoints --trainer.callbacks.epochs=[3,6]
-
-Saves ``<checkpoints>/at_epoch0003.ckpt`` at the end of epoch 3 (``epochs``: 1-based, as ``max_epochs`` counts)
-and ``at_step000100.ckpt`` after optimizer step 100 (``steps``). ``ModelCheckpoint`` cannot keep an arbitrary list
-(its ``every_n_*`` keeps a period, and ``save_top_k=-1`` every one of them: for 200 ImageNet epochs of ViT-S that
-is 200 files). Saving reads no RNG, so the training is bit for bit the one without this callback. A point already
-on disk (a resumed run) is not written again.
+``at_epoch0003.ckpt`` at the end of epoch 3 (``epochs``: 1-based) and ``at_step000100.ckpt`` after optimizer step
+100 (``steps``): ``ModelCheckpoint`` keeps only a period. Saving reads no RNG (the training is bit for bit the one
+without this callback); a point already on disk is not written again.
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ def sharded_features(trainer: pl.Trainer, model: torch.nn.Module, ds, device,
                      batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """Features of all of ``ds`` on every rank, each rank embedding only its shard (a collective: every rank
     calls it)."""
-    from probes.features import gather_shards, shard_indices
+    from probes.core.features import gather_shards, shard_indices
     rank, world = trainer.global_rank, trainer.world_size
     loader = DataLoader(Subset(ds, shard_indices(len(ds), rank, world)), batch_size=batch_size, shuffle=False)
     f, y = backbone_features(model, loader, device)

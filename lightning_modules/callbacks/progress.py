@@ -1,12 +1,8 @@
 """The training progress bar without a host sync per step (``LogStepProgressBar``, always on in ``make pretrain``).
 
-Lightning converts every metric logged with ``prog_bar=True`` to a Python number whenever any of its metric dicts
-is read (its own ``on_batch_end``, every bar refresh, every ``trainer.callback_metrics``): a ``.item()`` per step
-that waits for the GPU to finish the step, so the next step's host work (~1,300 augmentation launches) no longer
-overlaps the GPU's. So the modules log the loss without ``prog_bar``, and this bar shows ``SHOWN`` from the logged
-metrics, read on logging steps only (``trainer.log_every_n_steps``, when the logger reads them anyway), holding
-those values until the next; the step counter and speed still move every batch. Outside training (validation)
-it reads as Lightning's does.
+Lightning converts every ``prog_bar=True`` metric to a number whenever a metric dict is read: a ``.item()`` per
+step that stops the host's next step overlapping the GPU's. So the modules log the loss without ``prog_bar`` and
+this bar shows ``SHOWN`` read on logging steps only; outside training it reads as Lightning's does.
 """
 from __future__ import annotations
 

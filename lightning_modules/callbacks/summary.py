@@ -1,10 +1,6 @@
-"""summary.json of a training run: ``RunSummary`` (DINO) and ``SupervisedSummary`` on one base, ``LossSummary``,
-which keeps the loss windows and writes the file.
-
-Reads only logged metrics (``trainer.callback_metrics``): ``train/loss`` every step, plus what each objective adds.
-The losses stay tensors on their device until the end (no host sync per step); ``state_dict`` turns them into
-floats. Multi-process rule: ``trainer.log_dir`` is a broadcast that every rank reaches; the file is written by
-rank 0 after it, calling no collective."""
+"""summary.json of a training run: ``RunSummary`` (DINO) and ``SupervisedSummary`` on ``LossSummary``, which keeps
+the loss windows (tensors on their device until the end: no host sync per step) and writes the file. Reads only
+logged metrics. ``trainer.log_dir`` is a broadcast every rank reaches; rank 0 then writes, calling no collective."""
 from __future__ import annotations
 
 import time
@@ -30,9 +26,8 @@ def _mean(xs) -> Optional[float]:
 
 
 class LossSummary(pl.Callback):
-    """The mean ``train/loss`` of the first and the last ``window`` steps (``loss_start``, ``loss_end``) and
-    summary.json at the end of training. Subclasses name their ``objective`` and write ``summary`` (the metrics
-    dict); ``observe`` sees the logged metrics of every step that logged a loss."""
+    """The mean ``train/loss`` of the first and last ``window`` steps, and summary.json at the end of training.
+    Subclasses name their ``objective`` and write ``summary``; ``observe`` sees each loss step's logged metrics."""
 
     objective = ""
 
@@ -84,11 +79,9 @@ class LossSummary(pl.Callback):
 
 
 class RunSummary(LossSummary):
-    """DINO: loss at the start vs the end, the collapse watch verdict and the k-NN numbers. Collapse: per-image
-    teacher entropy near ln K (uniform) or batch-mean entropy near 0 (one prototype for every image).
-
-    Reads ``collapse/*`` (the module's statistics steps) and ``knn/*`` (``KNNCheck``, placed before this callback)
-    besides the loss, and the ``summary_entries`` of other callbacks (``DenseProbeCheck``: its series)."""
+    """DINO: loss at the start vs the end, the collapse verdict (per-image teacher entropy near ln K, or batch-mean
+    entropy near 0) and the k-NN numbers, from ``collapse/*``, ``knn/*`` (``KNNCheck`` runs before this callback)
+    and other callbacks' ``summary_entries``."""
 
     objective = "dino"
 

@@ -1,0 +1,1 @@
+"""Dense probes with a head: linear segmentation, linear depth, the closed-form ridge probe; their metrics."""

@@ -1,0 +1,1 @@
+"""Head-free dense probes: Hummingbird retrieval and overclustering, matched to classes."""

@@ -1,0 +1,1 @@
+"""Video: DAVIS-2017 label propagation (DINO)."""
