@@ -33,8 +33,9 @@ from typing import Optional
 import torch
 
 from backbones.diffusion_dial import LAZY_K, Mode, dialed_blocks, diffusion_dial
-from tokenmix.dense_measures import BY_KEY, PAPER_EFFECTS
+from tokenmix.dense_measures import BY_KEY
 from tokenmix.noise import PairedDelta, paired_bootstrap, seed_delta
+from tokenmix.stats import PAPER_EFFECTS
 
 from .calibration_measures import (Evaluation, ProbeSettings, images_of, keys_of, knn_evaluation, seeds_of,
                                    seg_evaluation, value)

@@ -25,11 +25,6 @@ import torch
 from .attention_stats import attention_stats
 from .diffusion import boxes_patch_mask, effective_rank_from_gram, mask_boxes, patch_scores, pib_hits
 
-# the papers' effects (docs/REFERENCE.md), fix minus baseline in each measure's units: entmax-1.5 over the [CLS]
-# baseline (linear probes, DINO ViT-S/16; depth RMSE: NYUv2 / SUN RGB-D / KITTI, the smaller of 0.004-0.005) and
-# LaSt-ViT over the plain ViT-B/16 (PiB)
-PAPER_EFFECTS = {"voc_mIoU": 5.98, "ade20k_mIoU": 2.12, "cityscapes_mIoU": 1.08, "depth_rmse": -0.004,
-                 "top1": 0.56, "pib": 12.4}
 
 
 class Direction(str, Enum):
@@ -48,7 +43,7 @@ class Measure:
     label: str
     unit: str
     direction: Direction
-    paper: Optional[str] = None  # its PAPER_EFFECTS entry (the papers' effect on this measure or its analogue)
+    paper: Optional[str] = None  # its ``tokenmix.stats.PAPER_EFFECTS`` key (the papers' effect here or its analogue)
     value: Optional[Callable[[Sums], float]] = None  # per-image measures: the value from the sums
     images: str = "val"          # the images it reads: "val", "attn" (the first attn_images), "knn"
     terms: tuple[str, ...] = ()  # the image_record terms ``value`` reads
@@ -59,12 +54,12 @@ def _per(num: str, den: str, scale: float = 1.0) -> dict:
 
 
 MEASURES: tuple[Measure, ...] = (
-    Measure("dense_mIoU", "ridge seg. mIoU", "%", Direction.DOWN, "voc_mIoU"),
+    Measure("dense_mIoU", "ridge seg. mIoU", "%", Direction.DOWN, "voc_miou"),
     Measure("dense_aAcc", "ridge seg. pixel accuracy", "%", Direction.DOWN),
     Measure("dense_mAcc", "ridge seg. mean class accuracy", "%", Direction.DOWN),
-    Measure("dense_retrieval_mIoU", "retrieval mIoU", "%", Direction.DOWN, "voc_mIoU"),
-    Measure("dense_overcluster_mIoU", "overclustering mIoU", "%", Direction.DOWN, "voc_mIoU"),
-    Measure("diffusion_pib_cls", "Point-in-Box [CLS]", "%", Direction.DOWN, "pib",
+    Measure("dense_retrieval_mIoU", "retrieval mIoU", "%", Direction.DOWN, "voc_miou"),
+    Measure("dense_overcluster_mIoU", "overclustering mIoU", "%", Direction.DOWN, "voc_miou"),
+    Measure("diffusion_pib_cls", "Point-in-Box [CLS]", "%", Direction.DOWN, "pib_voc",
             **_per("pib_hits", "box_images", 100)),
     Measure("diffusion_patch_score_spread", "Patch Score spread", "cos", Direction.DOWN, None,
             **_per("spread", "images")),
@@ -75,7 +70,7 @@ MEASURES: tuple[Measure, ...] = (
             images="attn", **_per("entropy", "attn_images")),
     Measure("diffusion_attn_zero_share", "attention exact zeros", "share", Direction.DOWN, None,
             images="attn", **_per("zero_share", "attn_images")),
-    Measure("knn_top1", "[CLS] k-NN top-1", "%", Direction.NONE, "top1", images="knn"),
+    Measure("knn_top1", "[CLS] k-NN top-1", "%", Direction.NONE, "imagenet_linear", images="knn"),
 )
 BY_KEY = {m.key: m for m in MEASURES}
 ATTENTION_TERMS = ("attn_images", "entropy", "zero_share")
