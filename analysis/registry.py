@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .lost import extract_corloc, finish_corloc
+from .marker import extract_marker, finish_marker
 from .shards import run_local
 from .tasks import (extract_attention, extract_norms, extract_pca, extract_pib, finish_attention, finish_norms,
                     finish_pca, finish_pib)
@@ -43,6 +44,7 @@ class Analysis:
     voc_image_set: Optional[str] = None  # VOC image set used unless --image-set (None: the loader's default)
     check: Optional[Callable] = None  # (model) -> None, raises before any process is spawned
     cli: Optional[Callable] = None  # (argv) -> results: an analysis with a command line of its own (calibration)
+    classifier: bool = False  # load the checkpoint's classifier head too (supervised runs), not the backbone only
 
     def runner(self, model, samples, run, opts) -> dict:
         """Both stages in this process."""
@@ -64,6 +66,8 @@ ANALYSES: dict[str, Analysis] = {a.name: a for a in [
              voc_image_set="Main"),
     Analysis("votes", extract_votes, finish_votes, "share_of_votes_in_box", needs_boxes=True,
              check=check_votes),  # LaSt-ViT vote maps
+    # the marker positive control: cue-conflict scenes drawn in memory, one per index of the split (analysis/marker.py)
+    Analysis("marker", extract_marker, finish_marker, "follows_marker", split="trainval", classifier=True),
     # the diffusion dial swept over every dense measure (analysis/calibration.py: its own flags and passes)
     Analysis("calibration", _own_cli, _own_cli, "measures", split="train+val", cli=calibration_main),
 ]}

@@ -1,4 +1,4 @@
-"""``make analyze TASK=<pib|pca|norms|attention|corloc|votes> [VARIANT=... | CKPT=...] [DATA=... DATA_ROOT=...]``.
+"""``make analyze TASK=<pib|pca|norms|attention|corloc|votes|marker> [VARIANT=... | CKPT=...] [DATA=... DATA_ROOT=...]``.
 
 Loads the backbone (CKPT, else the latest pretraining checkpoint of VARIANT; ``random`` = an untrained ViT),
 runs one analysis (``analysis.registry``) and writes ``runs/<variant>/analysis/<task>/version_N/{*.png,
@@ -23,6 +23,7 @@ from tokenmix.precision import device_line
 from tokenmix.results import backbone_entry
 
 from .data import default_resize, iter_samples, open_dataset
+from .marker import with_head
 from .output import AnalysisRun
 from .registry import TASKS, Analysis, get_analysis
 from .shards import Options, extract_sharded, world_size
@@ -140,7 +141,8 @@ def run(cfg: AnalysisConfig) -> dict:
     if a.check is not None:
         a.check(info.model)
     device = cfg.options.device
-    model = info.model.eval().to(device if world == 1 else "cpu")  # DDP: Lightning places each rank's copy
+    model = with_head(info, b.which.value) if a.classifier else info.model
+    model = model.eval().to(device if world == 1 else "cpu")  # DDP: Lightning places each rank's copy
     if global_rank() == 0:
         print(f"[analysis] {device_line(device)}", flush=True)  # GPU + bf16 autocast, or CPU fp32
     # the run folder is named after what the checkpoint really is (a CKPT's recorded variant wins over VARIANT)
