@@ -13,8 +13,9 @@ Readouts, each a mean over scenes:
       attention gives 1/T.
   (d) ``patch_score_contrast``: mean cos([CLS], patch) over the object's patches minus the rest's.
 Known positive (``restricted``): the same model with the last block's [CLS] attending to no object patch (prefix
-tokens and background patches only): by construction [CLS] then carries less of the object, so ``pib_object``
-(top patch on the object) and the contrast must fall; the instrument is checked without training.
+tokens and background patches only), so that [CLS] carries less of the object: ``pib_object`` (top patch on the
+object) and the contrast should fall, which checks the instrument without training. ``restricted_all``: the same in
+every block (the last block alone can leave [CLS] much as it was: it gathered the object in earlier blocks).
 """
 from __future__ import annotations
 
@@ -64,16 +65,18 @@ class _ClsKeys:
 
 
 @contextlib.contextmanager
-def cls_keys_only(model, allowed: torch.Tensor):
-    """Inside the ``with``, the last block's [CLS] attends only to ``allowed`` keys ((B, T) bool over [CLS],
-    registers and patches); restored on exit."""
-    attn = model.blocks[-1].attn
-    saved = attn.normalizer
-    attn.normalizer = _ClsKeys(saved, allowed)
+def cls_keys_only(model, allowed: torch.Tensor, blocks=(-1,)):
+    """Inside the ``with``, [CLS] attends only to ``allowed`` keys ((B, T) bool over [CLS], registers and patches)
+    in ``blocks`` (default the last); restored on exit."""
+    layers = [model.blocks[i].attn for i in blocks]
+    saved = [a.normalizer for a in layers]
+    for a, inner in zip(layers, saved):
+        a.normalizer = _ClsKeys(inner, allowed)
     try:
         yield
     finally:
-        attn.normalizer = saved
+        for a, inner in zip(layers, saved):
+            a.normalizer = inner
 
 
 def _readouts(model, x: torch.Tensor, gen: torch.Generator, obj: torch.Tensor, mk: torch.Tensor) -> dict:
@@ -128,9 +131,11 @@ def _extract(model, indices: list[int], gen: torch.Generator, opts: Options) -> 
     allowed = torch.cat([torch.ones(len(indices), P, dtype=torch.bool, device=x.device), ~obj], 1)
     with cls_keys_only(model, allowed):
         restricted = _readouts(model, x, gen, obj, mk)
+    with cls_keys_only(model, allowed, range(len(model.blocks))):
+        every = _readouts(model, x, gen, obj, mk)
     for j, i in enumerate(indices):
         rec = {"index": i, "cls": int(c[j]), "marker_cls": int(c2[j])}
-        for tag, r in (("", plain), ("restricted_", restricted)):
+        for tag, r in (("", plain), ("restricted_", restricted), ("restricted_all_", every)):
             rec.update({tag + k: (None if v is None else float(v[j])) for k, v in r.items() if k != "pred"})
             p = r["pred"]
             rec[tag + "follows_marker"] = None if p is None else bool(p[j] == c2[j])
@@ -156,7 +161,8 @@ def finish_marker(model, records: list[dict], run, opts: Options) -> dict:
     res = {"n_images": len(records), **_summary(records, ""),
            "chance": {"follows_marker": 12.5, "pib_marker": round(100 / n_patches, 3),
                       "cls_attention_marker": round(1 / (n_patches + model.num_prefix_tokens), 6)},
-           "restricted": _summary(records, "restricted_"), "tie_seed": TIE_SEED,
+           "restricted": _summary(records, "restricted_"), "restricted_all": _summary(records, "restricted_all_"),
+           "tie_seed": TIE_SEED,
            "units": "percent of scenes (follows_*, pib_*), attention weight, cosine difference (contrast)",
            "definition": "cue-conflict scenes (object class c, marker class c' != c); restricted: the last block's "
                          "[CLS] attends to no object patch (the known positive)"}

@@ -39,7 +39,7 @@ def model():
 def test_cls_restriction_zeroes_the_object_keys_only(model):
     x, _, _, obj, _ = conflict_batch(list(range(4)))
     allowed = torch.cat([torch.ones(4, 1, dtype=torch.bool), ~obj], 1)
-    before = model.attention_maps(x)[-1]
+    first, before = model.attention_maps(x)
     with cls_keys_only(model, allowed):
         inside = model.attention_maps(x)[-1]
     after = model.attention_maps(x)[-1]
@@ -48,6 +48,10 @@ def test_cls_restriction_zeroes_the_object_keys_only(model):
     torch.testing.assert_close(inside[:, :, 0].sum(-1), torch.ones(4, 2))
     torch.testing.assert_close(inside[:, :, 1:], before[:, :, 1:])  # the patch rows as they were
     assert not torch.allclose(inside[:, :, 0], before[:, :, 0])
+    with cls_keys_only(model, allowed, range(2)):
+        every = model.attention_maps(x)
+    assert all((a[:, :, 0][~allowed[:, None].expand(-1, 2, -1)] == 0).all() for a in every)
+    assert not torch.equal(every[0], first) and torch.equal(model.attention_maps(x)[0], first)  # every block, restored
 
 
 def test_readouts_match_an_independent_recomputation(model):
