@@ -9,7 +9,10 @@ For one image with patch features F (N, D) on an (h, w) grid:
   patch size, clipped to the image.
 Features: last-block keys of all heads concatenated (LOST's default ``--which_features k``); patch outputs of the
 last block are the fallback when keys are unavailable (the report says which was used).
-Deviation: ties in degree are broken by patch index (stable sort); LOST's ``torch.argsort`` leaves them unspecified.
+Ties in degree are broken at random from a seeded Generator (``tokenmix.diffusion.TIE_SEED``): LOST's
+``torch.argsort`` leaves them unspecified, and the first index would make a featureless model's seed the corner
+patch. ``seed_tied`` records where the lowest degree was shared. Baseline beside CorLoc: LOST grown from the most
+average patch (highest cosine to the image's mean feature) instead of the lowest-degree one.
 CorLoc = share of images whose box has IoU >= 0.5 with ANY GT box.
 """
 from __future__ import annotations
@@ -21,6 +24,8 @@ from typing import Iterable, Iterator
 import numpy as np
 import scipy.ndimage
 import torch
+
+from tokenmix.diffusion import TIE_SEED, average_patch_scores, top_patch
 
 from .boxes import box_iou
 from .data import Sample, full_res
@@ -36,14 +41,16 @@ class LostResult:
     box: tuple[float, float, float, float]  # xyxy pixels
     box_patches: tuple[int, int, int, int]  # xyxy in patch units (exclusive max)
     seed: int  # row-major patch index
+    seed_tied: bool  # another patch had the same lowest degree (the seed was drawn among them)
     seed_set: list[int]
     mask: np.ndarray  # (h, w) bool: the connected component the box encloses
     degree: np.ndarray  # (N,) positive-correlation degree
 
 
 def lost(feats: torch.Tensor, grid: tuple[int, int], patch_size: int, image_size: tuple[int, int] | None = None,
-         k_patches: int = 100) -> LostResult:
-    """LOST box for one image. feats (N, D) row-major over ``grid`` (h, w); image_size (H, W) clips the box."""
+         k_patches: int = 100, generator: torch.Generator | None = None, seed: int | None = None) -> LostResult:
+    """LOST box for one image. feats (N, D) row-major over ``grid`` (h, w); image_size (H, W) clips the box.
+    ``generator``: breaks degree ties (default seeded ``TIE_SEED``); ``seed``: grow from this patch instead."""
     h, w = int(grid[0]), int(grid[1])
     if feats.ndim != 2 or feats.shape[0] != h * w:
         raise ValueError(f"expected features (N={h * w}, D) for grid {h}x{w}, got {tuple(feats.shape)}")
@@ -52,8 +59,10 @@ def lost(feats: torch.Tensor, grid: tuple[int, int], patch_size: int, image_size
     pos = A.clone()
     pos.fill_diagonal_(0)
     degree = (pos > 0).sum(1)
-    order = torch.sort(degree, stable=True).indices  # ascending degree, ties by index
-    seed = int(order[0])
+    perm = torch.randperm(h * w, generator=generator or torch.Generator().manual_seed(TIE_SEED))
+    order = perm[torch.sort(degree[perm], stable=True).indices]  # ascending degree, ties in random order
+    tied = bool((degree == degree[order[0]]).sum() > 1)
+    seed = int(order[0]) if seed is None else int(seed)
     potentials = order[:k_patches]
     similars = potentials[A[seed, potentials] > 0]
     if similars.numel() == 0:  # only if the seed feature is all zeros: fall back to the seed patch itself
@@ -71,7 +80,7 @@ def lost(feats: torch.Tensor, grid: tuple[int, int], patch_size: int, image_size
     if image_size is not None:  # the padded border is not part of the image
         box[2] = min(box[2], image_size[1])
         box[3] = min(box[3], image_size[0])
-    return LostResult(box=tuple(float(v) for v in box), box_patches=bp, seed=seed,
+    return LostResult(box=tuple(float(v) for v in box), box_patches=bp, seed=seed, seed_tied=tied,
                       seed_set=[int(i) for i in similars], mask=comp, degree=degree.cpu().numpy())
 
 
@@ -107,17 +116,21 @@ def last_block_keys(model, images: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def extract_corloc(model, samples: Iterable[Sample], opts: Options) -> Iterator[dict]:
-    """Per image with a GT box: LOST's box on the whole image (zero-padded to the patch grid) and the CorLoc hit."""
-    ps = model.patch_size
+    """Per image with a GT box: LOST's box on the whole image (zero-padded to the patch grid) and the CorLoc hit;
+    the seed's tie flag; the hit of LOST grown from the most average patch."""
+    ps, gen = model.patch_size, torch.Generator().manual_seed(TIE_SEED)
     for s in samples:
         if s.boxes is None or s.boxes.shape[0] == 0:
             continue  # LOST evaluates images with at least one GT box
         x = full_res(s.image, ps)[None].to(opts.device)
         f = (last_block_keys(model, x)[0] if opts.lost_features == "k" else model.extract(x)[-1]["patch"][0]).float()
         H, W = s.image.shape[-2:]
-        r = lost(f, model.grid_size(x), ps, image_size=(H, W), k_patches=opts.k_patches)
+        r = lost(f, model.grid_size(x), ps, image_size=(H, W), k_patches=opts.k_patches, generator=gen)
         hit = corloc_hit(r.box, s.boxes)
-        yield {"index": s.index, "path": s.path, "box": list(r.box), "hit": hit,
+        avg = lost(f, model.grid_size(x), ps, image_size=(H, W), k_patches=opts.k_patches, generator=gen,
+                   seed=int(top_patch(average_patch_scores(f[None]), gen)[0]))
+        yield {"index": s.index, "path": s.path, "box": list(r.box), "hit": hit, "seed_tied": r.seed_tied,
+               "avg_hit": corloc_hit(avg.box, s.boxes),
                "vis": {"img": x[0].cpu(),  # the padded input, so the patch grid lines up with the map
                        "map": torch.from_numpy(r.mask.astype("float32")), "boxes": s.boxes.tolist(),
                        "pred": [r.box], "cap": "IoU>=0.5" if hit else "miss"}}
@@ -141,6 +154,8 @@ def finish_corloc(model, records: list[dict], run, opts: Options) -> dict:
             boxes=vis["boxes"], pred_boxes=vis["pred"], captions=vis["cap"], cmap="Reds"))
     res = {"corloc": corloc, "n_images": len(records), "features": "last-block keys" if opts.lost_features == "k"
            else "last-block patch outputs", "k_patches": opts.k_patches, "iou_threshold": CORLOC_IOU,
+           "seed_tied_share": pct(torch.tensor([r["seed_tied"] for r in records])), "tie_seed": TIE_SEED,
+           "corloc_average_patch": pct(torch.tensor([r["avg_hit"] for r in records])),
            "units": "percent of images"}
     if getattr(run, "dir", None) is not None:  # a run folder (AnalysisRun): the boxes, to check or reuse
         from tokenmix.io import atomic_json_dump

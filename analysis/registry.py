@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .lost import extract_corloc, finish_corloc
+from .marker import extract_marker, finish_marker
 from .shards import run_local
 from .tasks import (extract_attention, extract_norms, extract_pca, extract_pib, finish_attention, finish_norms,
                     finish_pca, finish_pib)
@@ -44,6 +45,7 @@ class Analysis:
     check: Optional[Callable] = None  # (model) -> None, raises before any process is spawned
     dense: Optional[Callable] = None  # (model, AnalysisConfig, AnalysisRun) -> metrics: one stage on the probes'
     # labelled data instead of extract + finish on open_dataset's samples (calibration), one process
+    classifier: bool = False  # load the checkpoint's classifier head too (supervised runs), not the backbone only
 
     def runner(self, model, samples, run, opts) -> dict:
         """Both stages in this process."""
@@ -65,6 +67,8 @@ ANALYSES: dict[str, Analysis] = {a.name: a for a in [
              voc_image_set="Main"),
     Analysis("votes", extract_votes, finish_votes, "share_of_votes_in_box", needs_boxes=True,
              check=check_votes),  # LaSt-ViT vote maps
+    # the marker positive control: cue-conflict scenes drawn in memory, one per index of the split (analysis/marker.py)
+    Analysis("marker", extract_marker, finish_marker, "follows_marker", split="trainval", classifier=True),
     # the diffusion dial's doses against every dense measure (analysis/calibration.py)
     Analysis("calibration", _no_stage, _no_stage, "smallest_doses", split="train+val", dense=calibration),
 ]}

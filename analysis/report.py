@@ -106,7 +106,18 @@ EXTRA_COLUMNS: list[Column] = [
            lambda m, r: None if not m.get("explained_variance_ratio") else 100 * sum(m["explained_variance_ratio"])),
     Column("votes_in_box", "LaSt votes inside boxes (%)", "analysis", "votes",
            lambda m, r: _get(m, "share_of_votes_in_box")),
-]
+    Column("pib_chance_position", "PiB position-aware chance (VOC/demo, %)", "analysis", "pib",
+           lambda m, r: _get(m, "pib_chance_position"), datasets=("voc", "demo")),
+    Column("pib_average_patch", "PiB of the most average patch (VOC/demo, %)", "analysis", "pib",
+           lambda m, r: _get(m, "pib_average_patch"), datasets=("voc", "demo")),
+] + [Column(f"marker_{k.replace('.', '_')}", f"marker: {title}", "analysis", "marker",
+            lambda m, r, k=k: _get(m, *k.split(".")), digits=d) for k, title, d in (  # analysis/marker.py
+    ("follows_marker", "cue conflict, follows the marker (%)", 2), ("follows_object", "follows the object (%)", 2),
+    ("pib_marker", "PiB on the marker ([CLS], %)", 2), ("pib_marker_aggregated", "PiB on the marker (aggregated, %)", 2),
+    ("cls_attention_marker", "[CLS] attention on the marker", 4), ("patch_score_contrast", "contrast object - rest", 4),
+    ("restricted.pib_object", "known positive: PiB on the object, [CLS] off it (%)", 2),
+    ("pib_object", "PiB on the object (%)", 2),
+    ("restricted.patch_score_contrast", "known positive: contrast, [CLS] off the object", 4))]
 
 # Published numbers (docs/REFERENCE.md). Entmax paper: DINOv1 ViT-S/16, 200 epochs, ImageNet-1K; linear probes.
 # LaSt-ViT: Point-in-Box on ImageNet val (single object, box < 25%).

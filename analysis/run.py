@@ -1,5 +1,5 @@
-"""``make analyze TASK=<pib|pca|norms|attention|corloc|votes|calibration> [VARIANT=... | CKPT=...] [DATA=...
-DATA_ROOT=...] [DIAL=...]``.
+"""``make analyze TASK=<pib|pca|norms|attention|corloc|votes|marker|calibration> [VARIANT=... | CKPT=...]
+[DATA=... DATA_ROOT=...] [DIAL=...]``.
 
 Loads the backbone (CKPT, else the latest pretraining checkpoint of VARIANT; ``random`` = an untrained ViT),
 runs one analysis (``analysis.registry``) and writes ``runs/<variant>/analysis/<task>/version_N/{*.png,
@@ -25,6 +25,7 @@ from tokenmix.results import backbone_entry
 
 from .calibration import CalibrationConfig, add_arguments, config_from
 from .data import default_resize, iter_samples, open_dataset
+from .marker import with_head
 from .output import AnalysisRun
 from .registry import TASKS, Analysis, get_analysis
 from .shards import Options, extract_sharded, world_size
@@ -144,7 +145,8 @@ def run(cfg: AnalysisConfig) -> dict:
     if a.check is not None:
         a.check(info.model)
     device = cfg.options.device
-    model = info.model.eval().to(device if world == 1 else "cpu")  # DDP: Lightning places each rank's copy
+    model = with_head(info, b.which.value) if a.classifier else info.model
+    model = model.eval().to(device if world == 1 else "cpu")  # DDP: Lightning places each rank's copy
     if global_rank() == 0:
         print(f"[analysis] {device_line(device)}", flush=True)  # GPU + bf16 autocast, or CPU fp32
     # the run folder is named after what the checkpoint really is (a CKPT's recorded variant wins over VARIANT)

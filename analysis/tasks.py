@@ -16,6 +16,7 @@ from .lost import extract_corloc, finish_corloc
 from .norms import norm_distribution, patch_norms
 from tokenmix.pca import pca_fit, pca_rgb
 from .patch_score import patch_scores, pib_hits, score_contrast, single_small_object
+from tokenmix.diffusion import TIE_SEED, average_patch_scores, pick_distribution, position_chance, tied
 from .shards import Options, batches, pct, run_local, vis_lists
 
 __all__ = ["Options", "run_pib", "run_corloc"]
@@ -57,9 +58,12 @@ def _pib_masks(buf, rcs, grid, ps, opts: Options):
 
 @torch.no_grad()
 def extract_pib(model, samples: Iterable[Sample], opts: Options) -> Iterator[dict]:
-    """Per image with a box (in ``opts.pib_subset``): the PiB hit of every block's [CLS] ("hits", (L,) bool),
-    the single-small flag, the chance share, and for ``lastvit`` the aggregated token's hit and the votes."""
+    """Per image with a box (in ``opts.pib_subset``): the PiB hit of every block's [CLS] ("hits", (L,) bool; exact
+    ties at random, one Generator seeded ``TIE_SEED``), the single-small flag, the chance share, the last block's
+    pick distribution and box mask (position-aware chance), the most-average-patch baseline's hit and contrast, and
+    for ``lastvit`` the aggregated token's hit and the votes."""
     is_lastvit = getattr(model, "aggregator", None) is not None
+    gen = torch.Generator().manual_seed(TIE_SEED)
     for buf, x, rcs in batches(samples, opts, need_boxes=True):
         grid = model.grid_size(x)
         keep, masks, small, chance, _ = _pib_masks(buf, rcs, grid, model.patch_size, opts)
@@ -70,12 +74,17 @@ def extract_pib(model, samples: Iterable[Sample], opts: Options) -> Iterator[dic
         masks = torch.stack(masks).to(x.device)
         outs = _extract_all(model, x, votes=is_lastvit)
         scores = [patch_scores(o["cls_token"], o["patch"]) for o in outs]
-        hits = torch.stack([pib_hits(sc, masks) for sc in scores]).cpu()  # (L, b)
+        hits = torch.stack([pib_hits(sc, masks, gen) for sc in scores]).cpu()  # (L, b)
         contrast, cos = score_contrast(scores[-1], masks).cpu(), scores[-1].mean(1).cpu()
+        avg = average_patch_scores(outs[-1]["patch"])
+        avg_hit, avg_contrast = pib_hits(avg, masks, gen).cpu(), score_contrast(avg, masks).cpu()
+        picks, ties = pick_distribution(scores[-1]).float().cpu(), tied(scores[-1]).cpu()
         agg = patch_scores(outs[-1]["cls"], outs[-1]["patch"]) if is_lastvit else None
         for j, s in enumerate(buf):
             rec = {"index": s.index, "hits": hits[:, j].clone(), "small": small[j], "chance": chance[j],
-                   "outside": not bool(masks[j].any()), "contrast": float(contrast[j]), "cos": float(cos[j])}
+                   "outside": not bool(masks[j].any()), "contrast": float(contrast[j]), "cos": float(cos[j]),
+                   "picks": picks[j].clone(), "mask": masks[j].cpu().clone(), "tied": bool(ties[j]),
+                   "avg_hit": bool(avg_hit[j]), "avg_contrast": float(avg_contrast[j])}
             vis = {"img": x[j].cpu().clone(), "map": scores[-1][j].reshape(grid).cpu().clone(),
                    "boxes": crop_boxes(s, rcs[j]).tolist(), "top": int(scores[-1][j].argmax()),
                    "cap": "hit" if bool(hits[-1, j]) else "miss"}
@@ -100,6 +109,7 @@ def finish_pib(model, records: list[dict], run, opts: Options) -> dict:
     res = _pib_results(torch.stack([r["hits"] for r in records], 1), agg, torch.tensor([r["small"] for r in records]),
                        [r["chance"] for r in records], sum(r["outside"] for r in records), opts)
     res.update(_score_summary(records, is_lastvit))
+    res.update(_pib_baselines(records))
     if is_lastvit:
         res["votes"] = {"share_of_votes_in_box": round(100 * torch.stack([r["votes_in_box"] for r in records])
                                                        .mean().item(), 3),
@@ -118,6 +128,18 @@ def _score_summary(records: list[dict], is_lastvit: bool) -> dict:
             "patch_score_contrast_aggregated": mean("agg_contrast") if is_lastvit else None}
 
 
+def _pib_baselines(records: list[dict]) -> dict:
+    """What the [CLS] PiB is read against: the share of images whose top score is tied (broken at random), the
+    position-aware chance (``tokenmix.diffusion.position_chance``: the box coverage at each position, weighted by
+    how often the scorer picks it), and the most-average-patch scorer's PiB and contrast."""
+    picks, masks = torch.stack([r["picks"] for r in records]), torch.stack([r["mask"] for r in records])
+    contrast = torch.tensor([r["avg_contrast"] for r in records], dtype=torch.float64)
+    return {"tied_share": pct(torch.tensor([r["tied"] for r in records])), "tie_seed": TIE_SEED,
+            "pib_chance_position": round(100 * position_chance(picks, masks), 3),
+            "pib_average_patch": pct(torch.tensor([r["avg_hit"] for r in records])),
+            "patch_score_contrast_average_patch": round(contrast.nanmean().item(), 6)}
+
+
 def _pib_results(H: torch.Tensor, agg: torch.Tensor | None, small: torch.Tensor, chance, outside: int,
                  opts: Options) -> dict:
     depth = H.shape[0]
@@ -132,6 +154,8 @@ def _pib_results(H: torch.Tensor, agg: torch.Tensor | None, small: torch.Tensor,
         "pib_single_small_per_layer": [pct(H[l][small]) for l in range(depth)] if any_small else None,
         "pib_aggregated_single_small": pct(agg[small]) if agg is not None and any_small else None,
         "n_box_outside_crop": outside, "pib_chance": round(100 * torch.stack(chance).mean().item(), 3),
+        "pib_chance_definition": "pib_chance: mean box share (a uniform pick); pib_chance_position: the box coverage "
+                                 "of each position weighted by the [CLS] scorer's picks (ties split evenly)",
         "units": "percent of images",
         "definition": "top patch by cos(token, patch) inside a GT box; pib = pib_cls (the encoder's [CLS], as "
                       "LAST-ViT's evaluate_patch_hit.py); pib_aggregated: LaSt-ViT's aggregated token",

@@ -26,16 +26,22 @@ AUGMENT_ON = ("auto", "gpu", "cpu")
 FOLDER = "folder"  # any folder of images, no labels (datamodules/datasets/folder.py)
 
 
-def load_split(data: str, data_root: str, split: str, unlabeled: bool = False, **folder) -> Dataset:
+def load_split(data: str, data_root: str, split: str, unlabeled: bool = False, demo_lazy: float = 0.0,
+               **folder) -> Dataset:
     """Dict-item dataset (uint8 "image" (3,H,W), int "label") for ``data`` in {demo, folder, <registered name>};
     demo (``is_demo``): ``demo_cls``, or the demo dataset ``data`` names, generated in DATA_ROOT or data/demo.
     ``unlabeled``: a dataset without labels (folder, segmentation, depth) is accepted, its items labelled -1.
+    ``demo_lazy``: the demo's lazy-aggregation knob (``DemoSpec.lazy_p``; 0: the environment's, TOKENMIX_DEMO_LAZY).
     ``folder``: the options of DATA=folder (file_list, verify, max_corrupt, index_dir: ``open_folder``)."""
     from datamodules import build_dataset
     from datamodules.datasets.imagenet import ImageNetDataset
     if is_demo(data):
+        from dataclasses import replace
+
         from datamodules.demo import ensure_demo_data
-        ds = build_dataset(demo_dataset(data, "demo_cls"), ensure_demo_data(data_root or None), split)
+        from datamodules.demo.cache import DEFAULT_SPEC
+        root = ensure_demo_data(data_root or None, spec=replace(DEFAULT_SPEC, lazy_p=demo_lazy) if demo_lazy else None)
+        ds = build_dataset(demo_dataset(data, "demo_cls"), root, split)
         return Unlabeled(ds) if unlabeled and not isinstance(ds, ImageNetDataset) else ds
     if not data_root:
         from datamodules.errors import needs_data_root
@@ -176,6 +182,7 @@ class DINOPretrainDataModule(pl.LightningDataModule):
         file_list / verify / max_corrupt / index_dir: DATA=folder only (datamodules/datasets/folder.py): a text file of
             image paths instead of the scan; decode every file while scanning; the share of unreadable files
             that stops the run; where the index is cached (``make pretrain`` sets it beside the run).
+        demo_lazy: the demo data's lazy-aggregation marker share (``load_split``); > 0 needs a data_root.
     """
 
     def __init__(self, data: str = DEMO, data_root: str = "", batch_size: int = 64, num_workers: int = 4,
@@ -183,12 +190,12 @@ class DINOPretrainDataModule(pl.LightningDataModule):
                  multicrop: Optional[dict[str, Any]] = None, batches_per_epoch: Optional[int] = None,
                  eval_resize_ratio: float = 256 / 224, train_split: str = "train", val_split: str = "val",
                  pin_memory: bool = True, file_list: Optional[str] = None, verify: bool = False,
-                 max_corrupt: float = 0.01, index_dir: str = "", augment_on: str = "auto"):
+                 max_corrupt: float = 0.01, index_dir: str = "", augment_on: str = "auto", demo_lazy: float = 0.0):
         super().__init__()
         if augment_on not in AUGMENT_ON:
             raise ValueError(f"data.augment_on must be one of {AUGMENT_ON}, got {augment_on!r}")
         self.save_hyperparameters()
-        self.data, self.data_root = data, data_root or ""
+        self.data, self.data_root, self.demo_lazy = data, data_root or "", demo_lazy
         self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
         self.n_local_crops = n_local_crops
         overrides = dict(multicrop or {})
@@ -209,7 +216,8 @@ class DINOPretrainDataModule(pl.LightningDataModule):
 
     def setup(self, stage: Optional[str] = None) -> None:
         if self._train is None:
-            self._train = load_split(self.data, self.data_root, self.train_split, unlabeled=True, **self.folder)
+            self._train = load_split(self.data, self.data_root, self.train_split, unlabeled=True,
+                                     demo_lazy=self.demo_lazy, **self.folder)
 
     def _position(self) -> int:
         trainer = self.trainer
@@ -275,7 +283,7 @@ class DINOPretrainDataModule(pl.LightningDataModule):
 
     def eval_dataset(self, split: str) -> EvalDataset:
         base = self._train if split == self.train_split and self._train is not None else \
-            load_split(self.data, self.data_root, split)
+            load_split(self.data, self.data_root, split, demo_lazy=self.demo_lazy)
         return EvalDataset(base, self.crop_cfg.global_size, self.eval_resize_ratio, self.crop_cfg.mean,
                            self.crop_cfg.std)
 

@@ -65,24 +65,26 @@ class SupervisedDataModule(pl.LightningDataModule):
         batch_size: per device (the release: 512 per GPU x 8); val_batch_size: per device.
         batches_per_epoch: cap on the batches of one epoch (a step budget); None = the full epoch.
         eval_resize_ratio: val resize of the short side relative to img_size (256/224).
+        demo_lazy: the demo data's lazy-aggregation marker share (``pretraining.load_split``); > 0 needs a data_root.
     """
 
     def __init__(self, data: str = DEMO, data_root: str = "", img_size: int = 224, scale: tuple = (0.08, 1.0),
                  batch_size: int = 512, val_batch_size: int = 128, num_workers: int = 8, seed: int = 0,
                  batches_per_epoch: Optional[int] = None, eval_resize_ratio: float = 256 / 224,
-                 train_split: str = "train", val_split: str = "val", pin_memory: bool = True):
+                 train_split: str = "train", val_split: str = "val", pin_memory: bool = True, demo_lazy: float = 0.0):
         super().__init__()
         self.save_hyperparameters()
         self.data, self.data_root, self.img_size, self.scale = data, data_root or "", img_size, tuple(scale)
         self.batch_size, self.val_batch_size, self.num_workers, self.seed = batch_size, val_batch_size, num_workers, seed
         self.batches_per_epoch, self.eval_resize_ratio = batches_per_epoch, eval_resize_ratio
         self.train_split, self.val_split, self.pin_memory = train_split, val_split, pin_memory
+        self.demo_lazy = demo_lazy
         self._train = self._val = None
 
     def setup(self, stage: Optional[str] = None) -> None:
         if self._train is None:
-            self._train = load_split(self.data, self.data_root, self.train_split)
-            self._val = load_split(self.data, self.data_root, self.val_split)
+            self._train, self._val = (load_split(self.data, self.data_root, s, demo_lazy=self.demo_lazy)
+                                      for s in (self.train_split, self.val_split))
 
     @property
     def num_classes(self) -> int:
@@ -114,7 +116,7 @@ class SupervisedDataModule(pl.LightningDataModule):
         self.setup()
         split = split or self.val_split
         base = {self.train_split: self._train, self.val_split: self._val}.get(split) or \
-            load_split(self.data, self.data_root, split)
+            load_split(self.data, self.data_root, split, demo_lazy=self.demo_lazy)
         return EvalViews(base, self.img_size, int(round(self.img_size * self.eval_resize_ratio)))
 
     def val_dataloader(self) -> DataLoader:

@@ -1,6 +1,7 @@
 """LOST object discovery and CorLoc on hand-built feature maps where the answer is known."""
 import numpy as np
 import pytest
+import scipy.stats
 import torch
 from torchvision.ops import box_iou as tv_box_iou
 
@@ -42,10 +43,15 @@ def test_seed_is_the_lowest_degree_object_and_only_its_component_counts():
     assert r.degree[0] == 3 and r.degree[4 * 8 + 4] == 8
     # same features in two disconnected places: the mask holds both, the box only the seed's component
     f2 = feature_map(8, 8, [(slice(0, 2), slice(0, 2), 3), (slice(6, 7), slice(6, 7), 3)])
-    r2 = lost(f2, (8, 8), patch_size=10)
+    r2 = lost(f2, (8, 8), patch_size=10, seed=0)
     assert r2.seed == 0 and r2.box_patches == (0, 0, 2, 2)
     assert len(r2.seed_set) == 5  # all five similar patches expand the seed...
     assert not r2.mask[6, 6]  # ...but the far one is another component
+    assert lost(f2, (8, 8), patch_size=10, seed=54).box_patches == (6, 6, 7, 7)
+    # the five share the lowest degree (4): the seed is drawn among them, each about equally often (not patch 0)
+    seeds = [lost(f2, (8, 8), 10, generator=torch.Generator().manual_seed(i)).seed for i in range(400)]
+    assert set(seeds) == {0, 1, 8, 9, 54} and lost(f2, (8, 8), 10).seed_tied and r.seed in (0, 1, 8, 9)
+    assert scipy.stats.chisquare([seeds.count(k) for k in (0, 1, 8, 9, 54)]).pvalue > 1e-3
 
 
 def test_k_patches_limits_the_seed_set_and_box_is_clipped():

@@ -99,8 +99,9 @@ def _pib_recomputed(ckpt, data, res):
     return pct(hits), pct(agg_hits), (100 * sum(shares) / len(shares) if shares else None)
 
 
-@pytest.mark.parametrize("task", [t for t in TASKS if t not in ("votes", "calibration")])  # votes: lastvit only,
-# below; calibration: the probes' labelled data (tests/test_calibration.py)
+@pytest.mark.parametrize("task", [t for t in TASKS if t not in ("votes", "calibration", "marker")])  # votes: lastvit
+# only, below; calibration: the probes' labelled data (tests/test_calibration.py); marker: a supervised checkpoint's
+# head on cue-conflict scenes, no figure (tests/test_analysis_marker.py)
 def test_every_task_writes_results_and_pngs(setup, task):
     root, data, ckpts = setup
     res = _run(root, data, ckpts["softmax"], task, *(["--no-tensorboard"] if task != "pib" else []))

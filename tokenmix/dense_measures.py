@@ -11,8 +11,8 @@ Two kinds:
   all-reduce); the calibration keeps them per image and sums any resample of the images, so both compute the same
   numbers from the same forwards;
 - *probe measures* (``Measure.value`` None): a probe fitted on the forwards' features gives them from its confusion
-  counts (ridge: ``probes.ridge``, mmseg's mIoU; retrieval and overclustering: Hungarian-matched mIoU,
-  ``probes.matching``); the [CLS] k-NN from ``tokenmix.knn``.
+  counts (ridge: ``probes.dense.ridge``, mmseg's mIoU; retrieval and overclustering: Hungarian-matched mIoU,
+  ``probes.headfree.matching``); the [CLS] k-NN from ``tokenmix.knn``.
 """
 from __future__ import annotations
 

@@ -3,7 +3,13 @@ training while [CLS] improves). Pure functions on tensors; ``lightning_modules.c
 
 - Patch score and Point-in-Box (LaSt-ViT ``visualization/``): score of a patch = cosine([CLS], patch); an image is a
   hit when its top-scoring patch overlaps a ground-truth box; PiB = hits / images (``analysis.patch_score`` uses
-  these too).
+  these too). Exact ties at the top are broken at random from a seeded Generator (``TIE_SEED``): the first index
+  (``argmax``) would turn "all scores equal" into "patch 0", a corner, and PiB into that corner's box coverage.
+- PiB's position-aware chance (``position_chance``): the box coverage of each patch position over the images,
+  averaged with the scorer's pick distribution (``pick_distribution``: the share of picks at each position, ties
+  split evenly). It is the PiB of a scorer that picks its positions as often as this one does, whatever the image
+  shows; with every score tied, the mean box share. Beside it, ``average_patch_scores``: the scores of the most
+  average patch (cosine to the image's mean patch token), a [CLS] that knows nothing but the patches' mean.
 - Patch Score contrast: mean score of the patches a box overlaps minus the mean of the others (higher = [CLS] more
   alike the object than the background; a continuous companion of PiB, which counts the top patch only).
 - Mean cosine between the patch tokens and [CLS] (higher = patches more alike the global token).
@@ -18,7 +24,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["patch_scores", "top_patch", "pib_hits", "score_contrast", "cls_patch_cosine", "effective_rank",
+__all__ = ["patch_scores", "top_patch", "pib_hits", "tied", "pick_distribution", "position_chance",
+           "average_patch_scores", "TIE_SEED", "score_contrast", "cls_patch_cosine", "effective_rank",
            "effective_rank_from_gram", "mask_boxes", "boxes_patch_mask"]
 
 
@@ -29,16 +36,52 @@ def patch_scores(cls: torch.Tensor, patch: torch.Tensor) -> torch.Tensor:
     return F.cosine_similarity(patch.float(), cls.float()[:, None, :], dim=-1)
 
 
-def top_patch(scores: torch.Tensor) -> torch.Tensor:
-    """Index of the highest-scoring patch per image (first one on exact ties, like ``argmax``)."""
-    return scores.argmax(dim=1)
+TIE_SEED = 0  # the tie-breaking Generator's seed when none is given (results.json records it)
 
 
-def pib_hits(scores: torch.Tensor, box_masks: torch.Tensor) -> torch.Tensor:
-    """(B,) bool: is the top patch inside the box patches? scores (B, N), box_masks (B, N) bool."""
+def _at_max(scores: torch.Tensor) -> torch.Tensor:
+    return scores == scores.max(dim=1, keepdim=True).values
+
+
+def tied(scores: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: more than one patch holds the top score exactly."""
+    return _at_max(scores).sum(1) > 1
+
+
+def top_patch(scores: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Index of the highest-scoring patch per image; exact ties broken uniformly at random by ``generator``
+    (default: a fresh one seeded with ``TIE_SEED``)."""
+    if generator is None:
+        generator = torch.Generator().manual_seed(TIE_SEED)
+    u = torch.rand(scores.shape, generator=generator).to(scores.device)
+    return torch.where(_at_max(scores), u, -1.0).argmax(dim=1)
+
+
+def pick_distribution(scores: torch.Tensor) -> torch.Tensor:
+    """(B, N): the probability that ``top_patch`` picks each patch (1 on a unique top, 1/k over k tied ones)."""
+    m = _at_max(scores).to(torch.float64)
+    return m / m.sum(1, keepdim=True)
+
+
+def position_chance(picks: torch.Tensor, box_masks: torch.Tensor) -> float:
+    """PiB expected of a scorer whose picks, (B, N) probabilities (``pick_distribution``), do not depend on where the
+    boxes are: sum over positions of (share of picks there) x (share of images whose box covers it)."""
+    if picks.shape != box_masks.shape:
+        raise ValueError(f"picks {tuple(picks.shape)} and box masks {tuple(box_masks.shape)} must match")
+    return float((picks.double().mean(0) * box_masks.double().mean(0)).sum())
+
+
+def average_patch_scores(patch: torch.Tensor) -> torch.Tensor:
+    """(B, N): cosine(patch, the image's mean patch token): picking the top one is the "most average patch"."""
+    return patch_scores(patch.float().mean(1), patch)
+
+
+def pib_hits(scores: torch.Tensor, box_masks: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """(B,) bool: is the top patch (``top_patch``, ties at random) inside the box patches? scores (B, N), box_masks
+    (B, N) bool."""
     if scores.shape != box_masks.shape:
         raise ValueError(f"scores {tuple(scores.shape)} and box masks {tuple(box_masks.shape)} must match")
-    top = top_patch(scores)
+    top = top_patch(scores, generator)
     return box_masks.gather(1, top[:, None])[:, 0]
 
 

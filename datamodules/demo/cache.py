@@ -2,15 +2,17 @@
 run never leaves a folder that looks complete), a marker written last, regenerated when incomplete or stale.
 ``python -m datamodules.demo`` (make demo-data) generates it now.
 
-``TOKENMIX_DEMO_LAZY=p`` (environment; default 0): the lazy-aggregation knob of every demo run in this environment
-(``DemoSpec.lazy_p``: the background predicts the class in a share p of the images). Such data needs a folder of its
-own, ``TOKENMIX_DEMO_ROOT`` (e.g. ``TOKENMIX_DEMO_ROOT=data/demo_lazy1 TOKENMIX_DEMO_LAZY=1 make study ...``), so
-that it never replaces data/demo.
+The lazy-aggregation knob (``DemoSpec.lazy_p``: a class-coded background marker in a share p of the images):
+``--lazy P`` here, ``data.demo_lazy`` of the DataModules, or ``TOKENMIX_DEMO_LAZY=p`` (environment; default 0) for
+every demo run in this environment. Such data needs a folder of its own (``--root``, ``data.data_root`` or
+``TOKENMIX_DEMO_ROOT``, e.g. ``TOKENMIX_DEMO_ROOT=data/demo_lazy1 TOKENMIX_DEMO_LAZY=1 make study ...``), so that it
+never replaces data/demo.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -30,21 +32,28 @@ from .scenes import IGNORE_INDEX
 
 MARKER = ".demo_complete.json"
 LAZY_ENV = "TOKENMIX_DEMO_LAZY"
+OBJECT_ENV = "TOKENMIX_DEMO_OBJECT"  # DemoSpec.object_contrast (default 1)
+
+
+def _share_from_env(name: str, default: float, what: str) -> float:
+    raw = os.environ.get(name, "").strip()
+    try:
+        p = float(raw) if raw else default
+    except ValueError:
+        p = -1.0
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"{name}={raw!r}: expected a share in [0, 1] ({what})")
+    return p
 
 
 def lazy_p_from_env() -> float:
     """``TOKENMIX_DEMO_LAZY`` as a share in [0, 1] (unset or empty: 0), or a ValueError naming the variable."""
-    raw = os.environ.get(LAZY_ENV, "").strip()
-    try:
-        p = float(raw) if raw else 0.0
-    except ValueError:
-        p = -1.0
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"{LAZY_ENV}={raw!r}: expected a share in [0, 1] (the demo's lazy-aggregation knob)")
-    return p
+    return _share_from_env(LAZY_ENV, 0.0, "the demo's lazy-aggregation knob")
 
 
-DEFAULT_SPEC = DemoSpec(lazy_p=lazy_p_from_env())  # what `make demo-data` and every demo run use
+# what `make demo-data` and every demo run use
+DEFAULT_SPEC = DemoSpec(lazy_p=lazy_p_from_env(),
+                        object_contrast=_share_from_env(OBJECT_ENV, 1.0, "the demo objects' contrast"))
 MAX_WORKERS = 16  # beyond this, starting processes (each imports torch via the package) costs more than it saves
 PIXELS_PER_WORKER = 8 << 20  # ~5 s of drawing on one core, about what starting a worker costs; tests stay serial
 
@@ -138,9 +147,11 @@ def ensure_demo_data(root: str | os.PathLike | None = None, force: bool = False,
     ``workers``: see ``generate``.
     """
     spec = spec or DEFAULT_SPEC
-    if spec.lazy_p and root in (None, "") and not os.environ.get("TOKENMIX_DEMO_ROOT"):
-        raise ValueError(f"{LAZY_ENV}={spec.lazy_p:g} changes the demo data: give it a folder of its own, e.g. "
-                         f"TOKENMIX_DEMO_ROOT=data/demo_lazy{spec.lazy_p:g} (data/demo keeps the default data)")
+    if (spec.lazy_p or spec.object_contrast != 1) and root in (None, "") and not os.environ.get("TOKENMIX_DEMO_ROOT"):
+        raise ValueError(f"lazy_p={spec.lazy_p:g}, object_contrast={spec.object_contrast:g} ({LAZY_ENV}, {OBJECT_ENV}, "
+                         f"--lazy, --object-contrast, data.demo_lazy) change the demo data: give it a folder of its own, "
+                         f"e.g. TOKENMIX_DEMO_ROOT=data/demo_lazy{spec.lazy_p:g} or --root / data.data_root (data/demo "
+                         "keeps the default data)")
     root = Path(root) if root not in (None, "") else paths.DEMO_ROOT
     root = root.resolve()
     if not force and is_complete(root, spec):
@@ -187,11 +198,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=None, metavar="N",
                     help=f"processes drawing the images (default: the usable CPUs, at most {MAX_WORKERS}, fewer "
                          "for a small spec; 1 = this process only); the bytes do not depend on it")
+    ap.add_argument("--lazy", type=float, default=DEFAULT_SPEC.lazy_p, metavar="P",
+                    help=f"share of images with a class-coded background marker (default: env {LAZY_ENV}, else 0); "
+                         "> 0 needs --root or TOKENMIX_DEMO_ROOT")
+    ap.add_argument("--object-contrast", type=float, default=DEFAULT_SPEC.object_contrast, metavar="W",
+                    help=f"weight of the objects over the background (default: env {OBJECT_ENV}, else 1)")
     args = ap.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         ap.error(f"--workers must be >= 1, got {args.workers}")
+    for name, v in (("--lazy", args.lazy), ("--object-contrast", args.object_contrast)):
+        if not 0 <= v <= 1:
+            ap.error(f"{name} must be a share in [0, 1], got {v}")
     t = time.perf_counter()
-    root = ensure_demo_data(args.root or None, force=args.force, workers=args.workers)
+    spec = dataclasses.replace(DEFAULT_SPEC, lazy_p=args.lazy, object_contrast=args.object_contrast)
+    root = ensure_demo_data(args.root or None, force=args.force, spec=spec, workers=args.workers)
     print(summary(root))
     print(f"  ready in {time.perf_counter() - t:.1f} s")
     return 0

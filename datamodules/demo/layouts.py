@@ -3,9 +3,9 @@ Generator per image seeded by (seed, layout, index): the same bytes on every run
 ``DemoSpec`` sets the sizes and counts; its ``key()`` changes with the generator's source.
 
 ``DemoSpec.lazy_p``: the lazy-aggregation knob. Each classification image and VOC scene carries its class's
-background grating (``scenes.add_background_cue``) with probability ``lazy_p``, drawn with the phase from a Generator
-of its own (seed, layout, index, 1), so the scene's own draws are untouched; ``lazy_p = 0`` writes exactly the bytes
-written before the knob existed (classes.json included).
+marker (``scenes.add_marker``) with probability ``lazy_p``, drawn with its position from a Generator of its own
+(seed, layout, index, 1), so the scene's own draws are untouched; ``lazy_p = 0`` writes exactly the bytes written
+before the knob existed (classes.json included).
 """
 from __future__ import annotations
 
@@ -42,11 +42,13 @@ class DemoSpec:
     nyu_train: int = 200
     nyu_test: int = 50
     jpeg_quality: int = 95
-    lazy_p: float = 0.0  # share of images whose background predicts their class (0: off, today's bytes)
+    lazy_p: float = 0.0  # share of images with a class-coded background marker (0: off, today's bytes)
+    object_contrast: float = 1.0  # weight of the objects over the background (1: today's bytes; scenes.draw_object)
 
     def __post_init__(self):
-        if not 0.0 <= float(self.lazy_p) <= 1.0:
-            raise ValueError(f"DemoSpec.lazy_p must be in [0, 1], got {self.lazy_p}")
+        for name in ("lazy_p", "object_contrast"):
+            if not 0.0 <= float(getattr(self, name)) <= 1.0:
+                raise ValueError(f"DemoSpec.{name} must be in [0, 1], got {getattr(self, name)}")
 
     def key(self) -> str:
         """Hash of the version, this spec and the generator's own source: any change to how scenes are
@@ -66,12 +68,13 @@ def _rng(spec: DemoSpec, layout: int, index: int) -> np.random.Generator:
 
 
 def _cue(spec: DemoSpec, layout: int, index: int) -> float | None:
-    """The background cue's phase for this image, or None (no cue): drawn from a Generator of its own."""
+    """The marker's position draw (u of ``scenes.add_marker``) for this image, or None (no marker): drawn from a
+    Generator of its own."""
     if not spec.lazy_p:
         return None
     g = np.random.default_rng([spec.seed, layout, index, 1])
-    on, phase = g.random() < spec.lazy_p, g.uniform(0, 2 * np.pi)
-    return float(phase) if on else None
+    on, u = g.random() < spec.lazy_p, g.random()
+    return float(u) if on else None
 
 
 def _save_palette_png(arr: np.ndarray, path: Path, palette: list[int]) -> None:
@@ -152,11 +155,12 @@ def write_chunk(root: Path, spec: DemoSpec, chunk: Chunk) -> tuple[np.ndarray, i
         rng = _rng(spec, layout, key)
         if kind == "imagefolder":
             name = CLASS_NAMES[c]
-            img = render_classification(rng, spec.cls_size, c, _cue(spec, layout, key))
+            img = render_classification(rng, spec.cls_size, c, _cue(spec, layout, key), spec.object_contrast)
             Image.fromarray(img).save(root / "imagefolder" / split / name / f"{name}_{i:05d}.png")
         elif kind == "voc":
             name = f"demo_{split}_{i:05d}"
-            img, label, inst, objects, _ = render_segmentation(rng, size, _cue(spec, layout, key))
+            img, label, inst, objects, _ = render_segmentation(rng, size, _cue(spec, layout, key),
+                                                               spec.object_contrast)
             Image.fromarray(img).save(voc / "JPEGImages" / f"{name}.jpg", quality=spec.jpeg_quality)
             _save_palette_png(label, voc / "SegmentationClass" / f"{name}.png", pal)
             _save_palette_png(inst, voc / "SegmentationObject" / f"{name}.png", pal)
@@ -208,12 +212,15 @@ def _write_voc_sets(root: Path, spec: DemoSpec, stats: list) -> dict:
 
 def metadata(spec: DemoSpec) -> dict:
     """What ``classes.json`` records besides the counts: classes, palette, depth encoding, layouts."""
-    spec_fields = {k: v for k, v in asdict(spec).items() if k != "lazy_p" or v}  # off: classes.json as before
+    default = asdict(DemoSpec())
+    spec_fields = {k: v for k, v in asdict(spec).items()  # the knobs off: classes.json as before
+                   if k not in ("lazy_p", "object_contrast") or v != default[k]}
     return {
         "version": DEMO_VERSION,
         "spec": spec_fields,
-        **({"lazy_aggregation": {"p": spec.lazy_p, "cue": "background grating of the class (scenes.CUE_GRATINGS), "
-                                 "with probability p per image; VOC scenes: the class with the most pixels"}}
+        **({"lazy_aggregation": {"p": spec.lazy_p, "cue": "a marker of the class (scenes.MARKER_RGB) on one free cell of "
+                                 "an 8 x 8 grid, with probability p per image; VOC scenes: the class with the most "
+                                 "pixels"}}
            if spec.lazy_p else {}),
         "classes": CLASS_NAMES,
         "class_descriptions": {n: {"shape": s, "hue": hue, "texture": t} for n, s, hue, t in CLASSES},

@@ -3,9 +3,11 @@ Generator. Objects of 8 classes (each its own shape, colour and texture) on clut
 clutter process with the same statistics in every image (a per-image background would be the shortcut DINO
 learns). ``render_classification`` / ``render_segmentation`` / ``render_depth`` give one sample of each layout.
 
-The lazy-aggregation knob (``cue``, off by default): the background behind the objects carries a grating of the
-image's class (``CUE_GRATINGS``), so the background alone predicts the class while the object still defines it
-(LaSt-ViT's shortcut). ``layouts.DemoSpec.lazy_p`` decides which images get it; off, the bytes are today's.
+The lazy-aggregation knob (``cue``, off by default): one background patch carries a class-coded marker
+(``add_marker``: a square of the class's ``MARKER_RGB`` on one cell of an 8 x 8 grid, one patch of the demo ViT), so
+a single background token predicts the class while the object still defines it (LaSt-ViT's shortcut).
+``layouts.DemoSpec.lazy_p`` decides which images get it; off, the bytes are today's. ``cue_conflict`` draws the
+evaluation scenes where marker and object disagree.
 """
 from __future__ import annotations
 
@@ -30,9 +32,11 @@ CLASS_NAMES = [c[0] for c in CLASSES]
 SEG_CLASSES = ["background"] + CLASS_NAMES  # VOC convention: 0 background, 255 ignore
 IGNORE_INDEX = 255
 NYU_SCENE = "playroom"  # one of mmseg NYUDataset's scene names; file names are <scene>_<5 digits>
-# lazy-aggregation cue of each class: a brightness grating (orientation in degrees, period in px at 64 px size)
-CUE_GRATINGS = [(0, 5.0), (45, 5.0), (90, 5.0), (135, 5.0), (0, 10.0), (45, 10.0), (90, 10.0), (135, 10.0)]
-CUE_AMPLITUDE = 0.15  # relative brightness modulation of the background
+# lazy-aggregation marker of each class: a saturated RGB corner colour, far from the class's own hue (so colour
+# does not tie marker and object), uniform, on one cell of a MARKER_GRID x MARKER_GRID grid of the image
+MARKER_RGB = [(0, 1, 0), (1, 0, 1), (1, 1, 0), (0, 1, 1), (1, 0, 0), (0, 0, 1), (1, 1, 1), (0, 0, 0)]
+MARKER_GRID = 8  # 64 px / 8: one patch of vit_demo_patch8
+CONFLICT_LAYOUT = 7  # the Generator stream of the cue-conflict scenes (layouts use 1..6)
 
 
 def hsv_to_rgb(h, s, v):
@@ -135,8 +139,9 @@ def texture(kind: str, u: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 def draw_object(img: np.ndarray, rng: np.random.Generator, cls: int, cx: float, cy: float, radius: float,
-                angle: float | None = None) -> np.ndarray:
-    """Paint one object of class ``cls`` in place; return its (full-size) boolean mask."""
+                angle: float | None = None, contrast: float = 1.0) -> np.ndarray:
+    """Paint one object of class ``cls`` in place; return its (full-size) boolean mask. ``contrast`` < 1: the
+    object is blended over the background with that weight (a fainter object; 1 paints it as it is)."""
     _, shape, hue, tex = CLASSES[cls]
     h, w = img.shape[:2]
     if angle is None:
@@ -157,7 +162,8 @@ def draw_object(img: np.ndarray, rng: np.random.Generator, cls: int, cx: float, 
     shade = 1.0 - 0.5 * texture(tex, u, v)
     light = 1.0 + 0.12 * (u * 0.6 - v * 0.8)  # soft directional light, the same for every class
     patch = base * (shade * light)[..., None] + rng.normal(0, 0.02, m.shape + (3,))
-    img[y0:y1, x0:x1][m] = patch[m]
+    win = img[y0:y1, x0:x1]
+    win[m] = patch[m] if contrast == 1.0 else contrast * patch[m] + (1.0 - contrast) * win[m]
     mask[y0:y1, x0:x1] = m
     return mask
 
@@ -166,29 +172,48 @@ def to_uint8(img: np.ndarray) -> np.ndarray:
     return (np.clip(img, 0, 1) * 255 + 0.5).astype(np.uint8)
 
 
-def add_background_cue(img: np.ndarray, cls: int, phase: float, objects: np.ndarray) -> None:
-    """Modulate the background (pixels outside ``objects``) in place with class ``cls``'s grating
-    (``CUE_GRATINGS``; periods scale with the image, ``phase`` in radians). Draws nothing from any Generator."""
-    h, w = img.shape[:2]
-    angle, period = CUE_GRATINGS[cls]
-    period *= min(h, w) / 64.0
-    yy, xx = np.mgrid[0:h, 0:w] + 0.5
-    t = np.deg2rad(angle)
-    wave = np.sin(2 * np.pi * (xx * np.cos(t) + yy * np.sin(t)) / period + phase)
-    bg = ~objects
-    img[bg] *= (1.0 + CUE_AMPLITUDE * wave[bg])[:, None]
+def add_marker(img: np.ndarray, cls: int, u: float, objects: np.ndarray) -> tuple[int, int, int, int] | None:
+    """Paint class ``cls``'s marker (``MARKER_RGB``) in place on grid cell number floor(u * n) of the n cells that no
+    pixel of ``objects`` touches (row-major), u in [0, 1); returns its pixel box (x0, y0, x1, y1), end exclusive,
+    or None when every cell holds an object. Draws nothing from any Generator."""
+    g = MARKER_GRID
+    ch, cw = img.shape[0] // g, img.shape[1] // g
+    free = np.flatnonzero(~objects[:ch * g, :cw * g].reshape(g, ch, g, cw).any(axis=(1, 3)))
+    if not free.size:
+        return None
+    r, c = divmod(int(free[int(u * free.size)]), g)
+    img[r * ch:(r + 1) * ch, c * cw:(c + 1) * cw] = MARKER_RGB[cls]
+    return c * cw, r * ch, (c + 1) * cw, (r + 1) * ch
 
 
-def render_classification(rng: np.random.Generator, size: int, cls: int, cue: float | None = None) -> np.ndarray:
-    """One object of class ``cls``, random pose, on the shared background; ``cue`` (a phase): the background
-    carries the class's grating (``add_background_cue``)."""
+def classification_scene(rng: np.random.Generator, size: int, cls: int, cue: float | None = None,
+                         marker_cls: int | None = None, contrast: float = 1.0):
+    """One object of class ``cls``, random pose, on the shared background -> (image uint8, object mask, marker
+    box or None). ``cue`` (u of ``add_marker``): a marker of ``marker_cls`` (default ``cls``) on a free cell;
+    ``contrast``: the object's (``draw_object``)."""
     img = background(rng, size, size)
     r = rng.uniform(0.2, 0.34) * size
     cx, cy = rng.uniform(0.75 * r, size - 0.75 * r), rng.uniform(0.75 * r, size - 0.75 * r)
-    mask = draw_object(img, rng, cls, cx, cy, r)
-    if cue is not None:
-        add_background_cue(img, cls, cue, mask)
-    return to_uint8(img)
+    mask = draw_object(img, rng, cls, cx, cy, r, contrast=contrast)
+    box = None if cue is None else add_marker(img, cls if marker_cls is None else marker_cls, cue, mask)
+    return to_uint8(img), mask, box
+
+
+def render_classification(rng: np.random.Generator, size: int, cls: int, cue: float | None = None,
+                          contrast: float = 1.0) -> np.ndarray:
+    """``classification_scene``'s image."""
+    return classification_scene(rng, size, cls, cue, contrast=contrast)[0]
+
+
+def cue_conflict(seed: int, index: int, size: int = 64, contrast: float = 1.0):
+    """Cue-conflict scene ``index``: an object of class c = index % 8 (``contrast``: its, ``draw_object``) with the
+    marker of class c' = c + 1 + (index // 8) % 7 (mod 8, never c), each class pair equally often -> (image uint8,
+    c, c', object mask, marker box)."""
+    rng = np.random.default_rng([seed, CONFLICT_LAYOUT, index])
+    n = len(CLASSES)
+    c, c2 = index % n, (index % n + 1 + (index // n) % (n - 1)) % n
+    img, mask, box = classification_scene(rng, size, c, float(rng.random()), c2, contrast)
+    return img, c, c2, mask, box
 
 
 def label_borders(label: np.ndarray) -> np.ndarray:
@@ -208,11 +233,11 @@ def voc_box(mask: np.ndarray) -> tuple[int, int, int, int]:
     return int(xs.min()) + 1, int(ys.min()) + 1, int(xs.max()) + 1, int(ys.max()) + 1
 
 
-def render_segmentation(rng: np.random.Generator, size: int, cue: float | None = None):
+def render_segmentation(rng: np.random.Generator, size: int, cue: float | None = None, contrast: float = 1.0):
     """Multi-object scene -> (image uint8, class label, instance label, objects [(cls, box, truncated)], instances).
 
-    ``instances``: instance ids before the void border was cut (the boxes are taken from it). ``cue`` (a phase):
-    the background carries the grating of the class with the most pixels (``add_background_cue``).
+    ``instances``: instance ids before the void border was cut (the boxes are taken from it). ``cue`` (u of
+    ``add_marker``): the marker of the class with the most pixels on a free cell.
     """
     img = background(rng, size, size)
     n = int(rng.choice([1, 2, 3, 4], p=[0.25, 0.35, 0.25, 0.15]))
@@ -222,7 +247,7 @@ def render_segmentation(rng: np.random.Generator, size: int, cue: float | None =
         cls = int(rng.integers(len(CLASSES)))
         r = rng.uniform(0.12, 0.26) * size
         cx, cy = rng.uniform(0.5 * r, size - 0.5 * r), rng.uniform(0.5 * r, size - 0.5 * r)
-        m = draw_object(img, rng, cls, cx, cy, r)
+        m = draw_object(img, rng, cls, cx, cy, r, contrast=contrast)
         inst[m] = k + 1  # later objects occlude earlier ones
         classes.append(cls)
     label = np.zeros((size, size), dtype=np.uint8)
@@ -242,7 +267,7 @@ def render_segmentation(rng: np.random.Generator, size: int, cue: float | None =
     inst_label[border] = IGNORE_INDEX
     if cue is not None and objects:
         areas = np.bincount(label[(label != IGNORE_INDEX) & (label > 0)].ravel(), minlength=len(CLASSES) + 1)
-        add_background_cue(img, int(areas[1:].argmax()), cue, inst > 0)
+        add_marker(img, int(areas[1:].argmax()), cue, inst > 0)
     return to_uint8(img), label, inst_label, objects, kept
 
 
