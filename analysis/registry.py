@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from .calibration import run as calibration
 from .lost import extract_corloc, finish_corloc
 from .marker import extract_marker, finish_marker
 from .shards import run_local
@@ -25,11 +26,6 @@ from .votes import check_votes, extract_votes, finish_votes
 
 def _no_stage(*_args, **_kw):
     raise RuntimeError("this analysis runs as one stage (Analysis.dense), not extract + finish")
-
-
-def calibration(model, cfg, run) -> dict:
-    from .calibration import run as run_calibration  # imported on use: it pulls in the probes
-    return run_calibration(model, cfg, run)
 
 
 @dataclass(frozen=True)

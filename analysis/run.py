@@ -12,13 +12,12 @@ import dataclasses
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from datamodules.demo import is_demo
-from tokenmix.cli import BackboneFlags, Launch, error_exit, eval_parent_parser, finish_eval_args
+from tokenmix.cli import BackboneFlags, EvalSettings, Launch, error_exit, parse_eval
 from tokenmix.launch import global_rank
 from tokenmix.precision import device_line
 from tokenmix.results import backbone_entry
@@ -32,7 +31,7 @@ from .shards import Options, extract_sharded, world_size
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m analysis.run", description=__doc__, parents=[eval_parent_parser()],
+    p = argparse.ArgumentParser(prog="python -m analysis.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="", help=f"one of {', '.join(TASKS)}")
     p.add_argument("--name", default="", help="label of the run folder / report row (default: the variant)")
@@ -64,7 +63,6 @@ class AnalysisConfig:
     """Everything one ``make analyze`` reads, typed and resolved once from the flags (``make_config``)."""
     analysis: Analysis
     backbone: BackboneFlags
-    checkpoint: Optional[Path]  # the file --ckpt names (None: random), found once before the data
     seed: int
     data: str
     data_root: str
@@ -91,12 +89,10 @@ def dataset_kw(f: argparse.Namespace, a: Analysis, data: str) -> dict[str, str]:
     return kw
 
 
-def make_config(f: argparse.Namespace) -> AnalysisConfig:
-    """The run's config from the parsed flags; the analysis is looked up first (an unknown task fails before
-    anything loads) and a multi-node run without a cluster launcher is refused before any spawn."""
-    from backbones.load import checkpoint_path
+def make_config(f: argparse.Namespace, ev: EvalSettings) -> AnalysisConfig:
+    """The run's config from the parsed flags and the typed shared ones (``ev``: a multi-node run without a cluster
+    launcher was refused there, before any spawn); an unknown task fails before anything loads."""
     a = get_analysis(f.task.strip())
-    ev = finish_eval_args(f, demo=is_demo(f.data), accelerator="gpu" if str(f.device).startswith("cuda") else "cpu")
     b = ev.backbone
     if b.ckpt == "pixels":
         raise ValueError("--ckpt pixels: the analyses need a ViT (tokens, attention); use a checkpoint or 'random'")
@@ -108,15 +104,15 @@ def make_config(f: argparse.Namespace) -> AnalysisConfig:
                    pib_rule=f.pib_rule, interpolation="bilinear" if a.name == "pib" else "bicubic")
     record = {**vars(f), "variant": b.variant, "ckpt": b.ckpt, "data": ev.data, "arch": b.arch,
               "num_nodes": ev.launch.num_nodes}
-    return AnalysisConfig(a, b, checkpoint_path(b.ckpt, b.variant), f.seed, ev.data, ev.data_root,
+    return AnalysisConfig(a, b, f.seed, ev.data, ev.data_root,
                           f.split or a.split, dataset_kw(f, a, ev.data),
                           a.max_images if f.max_images < 0 else f.max_images, f.name, ev.launch,
                           not f.no_tensorboard, opts, record, config_from(f) if a.dense is not None else None)
 
 
 def parse_args(argv=None) -> AnalysisConfig:
-    """The command line -> the run's ``AnalysisConfig``."""
-    return make_config(build_parser().parse_args(argv))
+    """The command line -> the run's ``AnalysisConfig``: parsed once, the shared flags typed in the same trip."""
+    return make_config(*parse_eval(build_parser(), argv, is_demo))
 
 
 def options(opts: Options, model) -> Options:
@@ -137,11 +133,10 @@ def run(cfg: AnalysisConfig) -> dict:
     from backbones.load import resolve_backbone
     a, b = cfg.analysis, cfg.backbone
     world = world_size(cfg.launch)
-    # a wrong CKPT failed in parse_args, before the data is opened (or generated); a wrong DATA_ROOT fails here,
-    # before a large checkpoint is read
+    # the backbone in one call, before the data: a wrong CKPT fails before the data is opened (or generated)
+    info = resolve_backbone(b.ckpt, b.variant, b.arch, 16, seed=cfg.seed, which=b.which.value)
     dataset = None if a.dense else open_dataset(cfg.data, cfg.data_root, cfg.split, boxes=a.needs_boxes,
                                                 **cfg.dataset_kw)
-    info = resolve_backbone(b.ckpt, b.variant, b.arch, 16, seed=cfg.seed, which=b.which.value, path=cfg.checkpoint)
     if a.check is not None:
         a.check(info.model)
     device = cfg.options.device

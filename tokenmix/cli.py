@@ -10,13 +10,14 @@ way dinov2's eval scripts share ``get_args_parser``:
 
 ``finish_eval_args`` turns the parsed flags into typed settings (``EvalSettings``) once, in the CLI's own file;
 nothing below a CLI sees its argparse Namespace. Which backbone those flags name is
-``probes.backbone.resolve_backbone``'s job.
+``backbones.load.resolve_backbone``'s job.
 """
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
 from enum import Enum
+from typing import Callable, Optional
 
 from .launch import DEFAULT_TIMEOUT_MIN, cluster_num_nodes, refuse_unlaunched_multinode
 
@@ -57,10 +58,10 @@ class EvalSettings:
     launch: Launch
 
 
-def eval_parent_parser() -> argparse.ArgumentParser:
+def eval_parent_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
     """Backbone (--variant/--ckpt/--which/--arch), data (--data/--data-root) and launch (--devices/--num-nodes/
-    --dist-timeout) flags; pass as ``parents=[eval_parent_parser()]``."""
-    p = argparse.ArgumentParser(add_help=False)
+    --dist-timeout) flags, added to ``p`` (default: a new parent parser for ``parents=[eval_parent_parser()]``)."""
+    p = p or argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("backbone and data (shared by every eval CLI)")
     g.add_argument("--variant", default="softmax", help="variant whose latest pretraining checkpoint is used "
                    "when --ckpt is empty; also the variant of --ckpt random")
@@ -100,6 +101,16 @@ def finish_eval_args(args: argparse.Namespace, demo: bool, accelerator: str) -> 
                              which=Which(args.which), arch=args.arch or (DEMO_ARCH if demo else REAL_ARCH))
     return EvalSettings(backbone, data, args.data_root or "",
                         Launch(accelerator, args.devices, int(num_nodes), float(args.dist_timeout)))
+
+
+def parse_eval(p: argparse.ArgumentParser, argv, demo: Callable[[str], bool]) -> tuple[argparse.Namespace,
+                                                                                      EvalSettings]:
+    """A CLI's one trip here: the shared flags added to ``p`` (which holds the CLI's own), ``argv`` parsed once and
+    the shared flags typed (``finish_eval_args``; ``demo``: ``datamodules.demo.is_demo``; the accelerator:
+    --accelerator, else the device of --device)."""
+    f = eval_parent_parser(p).parse_args(argv)
+    accelerator = getattr(f, "accelerator", None) or ("gpu" if str(f.device).startswith("cuda") else "cpu")
+    return f, finish_eval_args(f, demo=demo(f.data), accelerator=accelerator)
 
 
 def error_exit(e: BaseException, code: int) -> int:
