@@ -23,7 +23,6 @@ Writes ``runs/<variant>/analysis/calibration/version_N/``: ``results.json`` (``m
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import time
 from dataclasses import asdict, dataclass, field
@@ -198,7 +197,7 @@ def calibration_section(found) -> list[str]:
     return lines
 
 
-# --------------------------------------------------------------------------- data and flags
+# --------------------------------------------------------------------------- data
 
 def _datamodule(task_name: str, data: str, data_root: str, patch_size: int, bs: int, n_train: int, n_val: int,
                 img_size: Optional[int] = None):
@@ -232,23 +231,6 @@ def open_data(data: str, data_root: str, cfg: CalibrationConfig, patch_size: int
                             patch_size, cfg.batch_size, cfg.knn_train, cfg.knn_val)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The calibration's flags, in ``analysis.run``'s one parser."""
-    d, g = CalibrationConfig(), p.add_argument_group("calibration (--task calibration)")
-    g.add_argument("--dial", default=d.mode.value, choices=[m.value for m in Mode], help="the dial's mechanism")
-    g.add_argument("--doses", default=",".join(f"{a:g}" for a in DOSES), help="dial doses a in [0, 1] (0 included)")
-    g.add_argument("--dial-blocks", type=int, default=None, help="last blocks dialed (default: the last third)")
-    g.add_argument("--dial-k", type=int, default=d.k, help="lazy dial: planted patches")
-    g.add_argument("--seg-task", default=d.task, help="segmentation task of the dense probes (voc, ade20k, ...)")
-    g.add_argument("--img-size", type=int, default=None, help="segmentation probe input side (default: the task's)")
-    for f in ("max_train", "max_val", "knn_train", "knn_val", "seeds", "bootstrap", "attn_images"):
-        g.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(d, f))
-    g.add_argument("--knn-data", default="", help="classification data for the k-NN (default: the demo's with "
-                   "DATA=demo, none otherwise); NAME:ROOT, e.g. imagefolder:/my/cls")
-    g.add_argument("--seed-sd", default="", help="a study's training-seed sd: its study.csv (rows whose column is a "
-                   "measure key: mean std over variants), KEY=SD[,KEY=SD], or one number for every %% measure")
-
-
 def seed_sds(spec: str) -> dict:
     """--seed-sd -> {measure key: sd}."""
     spec = spec.strip()
@@ -267,15 +249,6 @@ def seed_sds(spec: str) -> dict:
         return {k.strip(): float(v) for k, v in (kv.split("=") for kv in spec.split(","))}
     except ValueError:
         raise ValueError(f"--seed-sd {spec!r}: a study CSV, KEY=SD[,KEY=SD] or a number") from None
-
-
-def config_from(f: argparse.Namespace) -> CalibrationConfig:
-    doses = tuple(sorted({float(x) for x in str(f.doses).split(",") if x.strip()} | {0.0}))
-    if len(doses) < 2 or not all(0.0 <= a <= 1.0 for a in doses):
-        raise ValueError(f"--doses {f.doses!r}: dial doses in [0, 1], e.g. 0,0.05,0.1,0.2")
-    return CalibrationConfig(doses, f.dial_blocks, Mode(f.dial), f.dial_k, f.seg_task, f.img_size, f.max_train,
-                             f.max_val, f.knn_train, f.knn_val, f.knn_data, max(1, f.seeds), f.bootstrap,
-                             f.attn_images, f.batch_size, f.device, seed_sds(f.seed_sd))
 
 
 def run(model, cfg, run_) -> dict:

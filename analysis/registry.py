@@ -3,8 +3,8 @@ default split and image budget, headline metric, whether it needs boxes, its VOC
 eval registries. The stages live in ``analysis.tasks``, ``analysis.lost`` and ``analysis.votes``;
 ``extract`` is the backbone forward (sharded over ranks under ``--devices N``), ``finish`` the metrics and figures.
 
-    >>> from analysis.registry import ANALYSES, get_analysis
-    >>> a = get_analysis("corloc")
+    >>> from analysis.registry import ANALYSES
+    >>> a = ANALYSES["corloc"]
     >>> a.split, a.max_images, a.needs_boxes, a.voc_image_set
     ('trainval', 0, True, 'Main')
     >>> a.headline({"corloc": 61.5, "n_images": 200})
@@ -69,10 +69,3 @@ ANALYSES: dict[str, Analysis] = {a.name: a for a in [
     Analysis("calibration", _no_stage, _no_stage, "smallest_doses", split="train+val", dense=calibration),
 ]}
 TASKS = tuple(ANALYSES)
-
-
-def get_analysis(name: str) -> Analysis:
-    if name not in ANALYSES:
-        raise SystemExit(f"unknown or missing --task '{name}'. Valid tasks: {', '.join(TASKS)} "
-                         "(e.g. make analyze TASK=pib VARIANT=entmax)")
-    return ANALYSES[name]

@@ -16,18 +16,19 @@ from typing import Any, Optional
 
 import torch
 
+from backbones.diffusion_dial import Mode
 from datamodules.demo import is_demo
 from tokenmix.cli import BackboneFlags, EvalSettings, Launch, error_exit, parse_eval
 from tokenmix.launch import global_rank
 from tokenmix.precision import device_line
 from tokenmix.results import backbone_entry
 
-from .calibration import CalibrationConfig, add_arguments, config_from
+from .calibration import DOSES, CalibrationConfig, seed_sds
 from .data import default_resize, iter_samples, open_dataset
 from .marker import with_head
 from .output import AnalysisRun
-from .registry import TASKS, Analysis, get_analysis
-from .shards import Options, extract_sharded, world_size
+from .registry import ANALYSES, TASKS, Analysis
+from .shards import Options, extract_sharded
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k-patches", type=int, default=100)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--no-tensorboard", action="store_true")
-    add_arguments(p)
+    d, g = CalibrationConfig(), p.add_argument_group("calibration (--task calibration)")
+    g.add_argument("--dial", default=d.mode.value, choices=[m.value for m in Mode], help="the dial's mechanism")
+    g.add_argument("--doses", default=",".join(f"{a:g}" for a in DOSES), help="dial doses a in [0, 1] (0 included)")
+    g.add_argument("--dial-blocks", type=int, default=None, help="last blocks dialed (default: the last third)")
+    g.add_argument("--dial-k", type=int, default=d.k, help="lazy dial: planted patches")
+    g.add_argument("--seg-task", default=d.task, help="segmentation task of the dense probes (voc, ade20k, ...)")
+    g.add_argument("--img-size", type=int, default=None, help="segmentation probe input side (default: the task's)")
+    for f in ("max_train", "max_val", "knn_train", "knn_val", "seeds", "bootstrap", "attn_images"):
+        g.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(d, f))
+    g.add_argument("--knn-data", default="", help="classification data for the k-NN (default: the demo's with "
+                   "DATA=demo, none otherwise); NAME:ROOT, e.g. imagefolder:/my/cls")
+    g.add_argument("--seed-sd", default="", help="a study's training-seed sd: its study.csv (rows whose column is a "
+                   "measure key: mean std over variants), KEY=SD[,KEY=SD], or one number for every %% measure")
     return p
 
 
@@ -77,6 +90,16 @@ class AnalysisConfig:
     calibration: Optional[CalibrationConfig] = None  # --task calibration's doses, dial and probes
 
 
+def calibration_config(f: argparse.Namespace) -> CalibrationConfig:
+    """--task calibration's doses, dial and probes (``analysis.calibration``), typed like the other analyses' flags."""
+    doses = tuple(sorted({float(x) for x in str(f.doses).split(",") if x.strip()} | {0.0}))
+    if len(doses) < 2 or not all(0.0 <= a <= 1.0 for a in doses):
+        raise ValueError(f"--doses {f.doses!r}: dial doses in [0, 1], e.g. 0,0.05,0.1,0.2")
+    return CalibrationConfig(doses, f.dial_blocks, Mode(f.dial), f.dial_k, f.seg_task, f.img_size, f.max_train,
+                             f.max_val, f.knn_train, f.knn_val, f.knn_data, max(1, f.seeds), f.bootstrap,
+                             f.attn_images, f.batch_size, f.device, seed_sds(f.seed_sd))
+
+
 def dataset_kw(f: argparse.Namespace, a: Analysis, data: str) -> dict[str, str]:
     """--image-set / --boxes, else the analysis' VOC image set."""
     kw = {}
@@ -92,7 +115,10 @@ def dataset_kw(f: argparse.Namespace, a: Analysis, data: str) -> dict[str, str]:
 def make_config(f: argparse.Namespace, ev: EvalSettings) -> AnalysisConfig:
     """The run's config from the parsed flags and the typed shared ones (``ev``: a multi-node run without a cluster
     launcher was refused there, before any spawn); an unknown task fails before anything loads."""
-    a = get_analysis(f.task.strip())
+    a = ANALYSES.get(f.task.strip())
+    if a is None:
+        raise SystemExit(f"unknown or missing --task '{f.task.strip()}'. Valid tasks: {', '.join(TASKS)} "
+                         "(e.g. make analyze TASK=pib VARIANT=entmax)")
     b = ev.backbone
     if b.ckpt == "pixels":
         raise ValueError("--ckpt pixels: the analyses need a ViT (tokens, attention); use a checkpoint or 'random'")
@@ -107,7 +133,7 @@ def make_config(f: argparse.Namespace, ev: EvalSettings) -> AnalysisConfig:
     return AnalysisConfig(a, b, f.seed, ev.data, ev.data_root,
                           f.split or a.split, dataset_kw(f, a, ev.data),
                           a.max_images if f.max_images < 0 else f.max_images, f.name, ev.launch,
-                          not f.no_tensorboard, opts, record, config_from(f) if a.dense is not None else None)
+                          not f.no_tensorboard, opts, record, calibration_config(f) if a.dense is not None else None)
 
 
 def parse_args(argv=None) -> AnalysisConfig:
@@ -132,7 +158,7 @@ def run(cfg: AnalysisConfig) -> dict:
     """One analysis of ``cfg``: results.json, figures and TensorBoard events in a fresh version folder."""
     from backbones.load import resolve_backbone
     a, b = cfg.analysis, cfg.backbone
-    world = world_size(cfg.launch)
+    world = cfg.launch.world
     # the backbone in one call, before the data: a wrong CKPT fails before the data is opened (or generated)
     info = resolve_backbone(b.ckpt, b.variant, b.arch, 16, seed=cfg.seed, which=b.which.value)
     dataset = None if a.dense else open_dataset(cfg.data, cfg.data_root, cfg.split, boxes=a.needs_boxes,

@@ -26,7 +26,6 @@ from typing import Callable, Iterable
 import torch
 
 from tokenmix.cli import Launch
-from tokenmix.launch import count_devices
 from tokenmix.precision import inference_autocast
 
 from .data import Sample, eval_crop, iter_samples
@@ -116,11 +115,6 @@ def as_float(record):
 
 
 # --------------------------------------------------------------------------- several processes
-
-def world_size(launch: Launch) -> int:
-    """Processes of the run (devices x nodes), from flags ``tokenmix.cli.finish_eval_args`` has checked."""
-    return count_devices(launch.accelerator, launch.devices) * int(launch.num_nodes)
-
 
 def _sample(dataset, i: int) -> Sample | None:
     """Dataset item ``i`` as a ``Sample`` (None for a dropped corrupt file), the way ``iter_samples`` reads it."""

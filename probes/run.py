@@ -18,7 +18,7 @@ import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from backbones.load import resolve_backbone
 from datamodules.demo import is_demo
@@ -30,26 +30,9 @@ from tokenmix.results import backbone_entry, write_results
 
 from probes.core.data import DATAMODULES, probe_datamodule, probe_dataset, voc_trainaug
 from probes.core.flags import ProbeConfig, make_config, parse_args  # noqa: F401  (make_config: tests patch it)
-from probes.core.kinds import KINDS, ProbeContext, summary
+from probes.core.kinds import KINDS, ProbeContext, parse_layers, run_layers, summary  # noqa: F401 (parse_layers: tests)
 from probes.core.trainer import lightning_console
 from probes.headfree.runners import RetrievalOptions
-
-
-def parse_layers(layer: str, depth: int) -> list[Optional[list[int]]]:
-    """'' -> [None] (protocol default); 'all' -> [[0], ..., [depth-1]]; 'k' / 'a,b' -> one probe per block."""
-    layer = (layer or "").strip()
-    if not layer:
-        return [None]
-    if layer == "all":
-        return [[b] for b in range(depth)]
-    try:
-        blocks = [int(x) for x in layer.split(",")]
-    except ValueError:
-        raise ValueError(f"--layer {layer!r}: expected '', 'all', a block index or a comma-separated list") from None
-    bad = [b for b in blocks if not -depth <= b < depth]
-    if bad:
-        raise ValueError(f"--layer {layer!r}: block {bad} out of range for a {depth}-block backbone (0..{depth - 1})")
-    return [[b % depth] for b in blocks]
 
 
 def run_name(ctx: ProbeContext) -> str:
@@ -78,22 +61,6 @@ def build_context(cfg: ProbeConfig) -> ProbeContext:
         dm.setup("fit")
     return ProbeContext(cfg.task, info, dm, d.size, name, root, cfg.launch, options, cfg.probe_kind, cfg.progress,
                         kind=cfg.kind)
-
-
-def run_layers(ctx: ProbeContext, layer: str, logger) -> tuple[dict[str, Any], Optional[dict]]:
-    """One probe per block selection of --layer: (metrics, the last probe's feature spec)."""
-    from lightning.pytorch.loggers import TensorBoardLogger
-    kind = KINDS[ctx.probe_kind]
-    layers = parse_layers(layer, ctx.depth)
-    per_layer, spec = {}, None
-    for blocks in layers:
-        key = "default" if blocks is None else f"block_{blocks[0]}"
-        sub = logger if len(layers) == 1 else TensorBoardLogger(save_dir=str(ctx.log_dir), name=key, version="",
-                                                                default_hp_metric=False)
-        spec = kind.features(ctx.options, ctx.depth, blocks)
-        per_layer[key] = kind.run(ctx, spec, sub, key)
-    metrics = per_layer["default"] if list(per_layer) == ["default"] else {"layers": per_layer}
-    return metrics, None if spec is None else spec.describe()
 
 
 def write_probe_results(cfg: ProbeConfig, ctx: ProbeContext, metrics: dict, features: Optional[dict]) -> Path:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Optional
 
-from .launch import DEFAULT_TIMEOUT_MIN, cluster_num_nodes, refuse_unlaunched_multinode
+from .launch import DEFAULT_TIMEOUT_MIN, cluster_num_nodes, count_devices, refuse_unlaunched_multinode
 
 DEMO_ARCH = "vit_demo_patch8"
 REAL_ARCH = "vit_small_patch16"
@@ -47,6 +47,7 @@ class Launch:
     devices: str
     num_nodes: int
     dist_timeout: float  # minutes DDP waits for the other processes
+    world: int = 1       # processes of the run: devices per node x nodes
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,8 @@ def finish_eval_args(args: argparse.Namespace, demo: bool, accelerator: str) -> 
     backbone = BackboneFlags(variant=(args.variant or "softmax").strip(), ckpt=(args.ckpt or "").strip(),
                              which=Which(args.which), arch=args.arch or (DEMO_ARCH if demo else REAL_ARCH))
     return EvalSettings(backbone, data, args.data_root or "",
-                        Launch(accelerator, args.devices, int(num_nodes), float(args.dist_timeout)))
+                        Launch(accelerator, args.devices, int(num_nodes), float(args.dist_timeout),
+                               count_devices(accelerator, devices) * int(num_nodes)))
 
 
 def parse_eval(p: argparse.ArgumentParser, argv, demo: Callable[[str], bool]) -> tuple[argparse.Namespace,

@@ -8,7 +8,8 @@ epochs and DataModule batch size, how it runs, its summary line), in the style o
     >>> KINDS[Kind.SEG].summary({"mIoU": 41.2, "aAcc": 80.0})
     'mIoU 41.20, aAcc 80.00'
 
-``run(ctx, spec, logger)`` returns the metrics of one probe on one block selection; the trained kinds also save
+``run_layers(ctx, layer, logger)`` runs one probe per block selection of --layer (``parse_layers``), each by
+``ProbeKind.run(ctx, spec, logger)``, which returns its metrics; the trained kinds also save
 the head as ``head_<key>.pt`` in the run folder. A kind reads its own typed options (``ctx.options``, the class
 beside its protocol, built once by ``probes.core.flags.kind_options``) and nothing else of the command line.
 """
@@ -170,6 +171,39 @@ KINDS: dict[Kind, ProbeKind] = {k.kind: k for k in [
               runner=cd.run_copy_detection_kind, profile=cd.profile,  # DINO eval_copy_detection
               scalars=lambda m: {f"copy_detection/mAP_{b.replace('/', '_')}": v for b, v in m["mAP"].items()}),
 ]}
+
+
+def parse_layers(layer: str, depth: int) -> list[Optional[list[int]]]:
+    """'' -> [None] (protocol default); 'all' -> [[0], ..., [depth-1]]; 'k' / 'a,b' -> one probe per block."""
+    layer = (layer or "").strip()
+    if not layer:
+        return [None]
+    if layer == "all":
+        return [[b] for b in range(depth)]
+    try:
+        blocks = [int(x) for x in layer.split(",")]
+    except ValueError:
+        raise ValueError(f"--layer {layer!r}: expected '', 'all', a block index or a comma-separated list") from None
+    bad = [b for b in blocks if not -depth <= b < depth]
+    if bad:
+        raise ValueError(f"--layer {layer!r}: block {bad} out of range for a {depth}-block backbone (0..{depth - 1})")
+    return [[b % depth] for b in blocks]
+
+
+def run_layers(ctx: ProbeContext, layer: str, logger) -> tuple[dict[str, Any], Optional[dict]]:
+    """One probe per block selection of --layer: (metrics, the last probe's feature spec)."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+    kind = KINDS[ctx.probe_kind]  # one trip here for every block of --layer
+    layers = parse_layers(layer, ctx.depth)
+    per_layer, spec = {}, None
+    for blocks in layers:
+        key = "default" if blocks is None else f"block_{blocks[0]}"
+        sub = logger if len(layers) == 1 else TensorBoardLogger(save_dir=str(ctx.log_dir), name=key, version="",
+                                                                default_hp_metric=False)
+        spec = kind.features(ctx.options, ctx.depth, blocks)
+        per_layer[key] = kind.run(ctx, spec, sub, key)
+    metrics = per_layer["default"] if list(per_layer) == ["default"] else {"layers": per_layer}
+    return metrics, None if spec is None else spec.describe()
 
 
 def summary(kind: Kind, metrics: dict) -> str:
