@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 from backbones import create_vit
 from backbones.diffusion_dial import default_blocks, dialed_blocks, diffusion_dial
+from helpers.dinov2_source import dinov2_source
+from official.dinov2 import DinoVisionTransformer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -170,8 +172,6 @@ def test_a_dinov2_hub_file_takes_the_dial_and_keeps_dinov2s_features_at_a_zero(t
     random weights), through CKPT= as the probes load it: at a = 0 inside the dial the features are DINOv2's own
     ``x_norm_*`` (to 1e-5); at a = 1 the semantic dial changes the patch features."""
     from backbones.load import resolve_backbone
-    from helpers.dinov2_source import dinov2_source
-    from official.dinov2 import DinoVisionTransformer
     src = dinov2_source("dinov2_vits14_reg")
     assert isinstance(src, DinoVisionTransformer)  # the reference is DINOv2's own module, not ours
     torch.save(src.state_dict(), tmp_path / "dinov2_vits14_reg4.pth")

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from official.leopart import overcluster_eval
 from probes.headfree.overcluster import ClusterSettings, kmeans_labels, overcluster, resolve_ks
 from probes.run import main
 
@@ -47,7 +48,6 @@ def _scene(n=8, C=4, D=64, grid=8, patch=8, seed=0):
 
 
 def test_overcluster_equals_leopart_evaluation_seed_by_seed():
-    from official.leopart import overcluster_eval
     C = 4
     feats, masks = _scene(C=C)
     n, d, h, w = feats.shape
