@@ -38,8 +38,9 @@ SIZE = 64  # the demo scenes' size: MARKER_GRID x MARKER_GRID cells, one patch o
 
 
 def conflict_batch(indices: list[int], seed: int = 0, contrast: float | None = None):
-    """Scenes ``indices`` (objects at ``contrast``; default the environment's demo data, TOKENMIX_DEMO_OBJECT) -> (normalised images (B, 3, 64, 64), object class (B,), marker class (B,), object patch
-    masks (B, N) bool, marker patch index (B,)) on the MARKER_GRID x MARKER_GRID grid."""
+    """Scenes ``indices`` (objects at ``contrast``; default the environment's demo data, TOKENMIX_DEMO_OBJECT) ->
+    (normalised images (B, 3, 64, 64), object class (B,), marker class (B,), object patch masks (B, N) bool, marker
+    patch index (B,)) on the MARKER_GRID x MARKER_GRID grid."""
     g, cell = MARKER_GRID, SIZE // MARKER_GRID
     contrast = DEFAULT_SPEC.object_contrast if contrast is None else contrast
     imgs, cls, mcls, obj, mk = [], [], [], [], []
@@ -82,13 +83,9 @@ def cls_keys_only(model, allowed: torch.Tensor, blocks=(-1,)):
 def _readouts(model, x: torch.Tensor, gen: torch.Generator, obj: torch.Tensor, mk: torch.Tensor) -> dict:
     """One forward: logits, the last block's [CLS] attention, the scores of the encoder's [CLS] (and LaSt-ViT's
     aggregated token), and the per-scene readouts."""
-    attn = model.blocks[-1].attn
-    attn.record = True
-    try:
+    with model.recording([-1]) as (attn,):
         y = model.forward_features(x)  # blocks, then the final norm
         maps = attn.last_attn
-    finally:
-        attn.record, attn.last_attn = False, None
     P = model.num_prefix_tokens
     cls, patch = y[:, 0], y[:, P:]
     agg = model.aggregator(patch)[0] if getattr(model, "aggregator", None) is not None else None
