@@ -201,15 +201,16 @@ def cli_args(args: argparse.Namespace, spec: Spec) -> list[str]:
 def power_line(seeds: int, report: Path) -> str:
     """Before launching: the smallest Δ these seeds detect, in seed sd and at the last study's seed sd (its
     study.csv) per paper metric, with the seeds the paper's effect needs (``tokenmix.stats``)."""
-    from tokenmix.stats import PAPER_EFFECTS as EFF, min_detectable, pooled_sd, seeds_needed
+    from tokenmix.stats import PAPER_EFFECTS as EFF, min_detectable, pooled_sd
+
+    from .verdicts import detectable
     mde, cells = min_detectable(1.0, seeds, seeds), {}
     with open(report if report.is_file() else os.devnull, newline="") as f:
         for r in csv.DictReader(f):
             if r.get("kind") == "measured" and r.get("std") and r["column"] in EFF:
                 cells.setdefault((r["column"], r["title"]), []).append((int(r["n"]), float(r["std"])))
-    parts = [f"{t}: sd {sd:.3g}, |Δ| ≥ {min_detectable(sd, seeds, seeds):.3g}; the paper's {EFF[k]:+g} needs "
-             f"{seeds_needed(EFF[k], sd) or '> 10000'} seeds a side" for (k, t), c in cells.items()
-             for sd in [pooled_sd(c)] if sd and mde]
+    parts = [f"{t}: sd {sd:.3g}, |Δ| ≥ {d[0]:.3g}; the paper's {d[1]:+g} needs {d[2]} seeds a side"
+             for (k, t), c in cells.items() for sd in [pooled_sd(c)] if sd and mde for d in [detectable(k, sd, seeds)]]
     head = (f"[study] {seeds} seeds a side detect |Δ| ≥ {mde:.2f} seed sd (two-sided t-test, α = 0.05, power 0.8)"
             if mde else "[study] 1 seed a side: no test (2 or more needed)")
     return f"{head}. At the seed sd of {report}: " + "; ".join(parts) if parts else \

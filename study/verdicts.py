@@ -33,6 +33,13 @@ def verdict(variant: str, baseline: str, col, d: Difference) -> str:
     return f"{head}: {word}; detectable at these seeds: |Δ| ≥ {d.mde:.{col.digits}f}"
 
 
+def detectable(key: str, sd: Optional[float], n: int) -> tuple[Optional[float], Optional[float], str]:
+    """A metric at seed sd ``sd`` with ``n`` seeds a side: the smallest detectable Δ, the papers' effect (None when
+    the papers give none) and the seeds a side that effect needs ('—' without one)."""
+    eff = EFF.get(key)
+    return min_detectable(sd, n, n), eff, "—" if eff is None else str(seeds_needed(eff, sd) or "> 10000")
+
+
 def power_lines(spec, t) -> list[str]:
     """Per metric: the pooled seed sd, the smallest Δ the study's seeds detect, the seeds the papers' effect needs;
     then the probability of improvement across the dense tasks."""
@@ -42,9 +49,9 @@ def power_lines(spec, t) -> list[str]:
          "| metric | seed sd | smallest detectable Δ | papers' effect | seeds a side for it |", "|---|---|---|---|---|"]
     for c in [c for c in t.columns if c.delta]:
         sd = pooled_sd([(s.n, s.std) for (v, k), s in t.summaries.items() if k == c.key and v in t.variants])
-        mde, eff = min_detectable(sd, n, n), EFF.get(c.key)
-        L += [f"| {c.title} | {sd:.3g} | {mde:.{c.digits}f} | {'—' if eff is None else f'{eff:+g}'} | "
-              f"{'—' if eff is None else seeds_needed(eff, sd) or '> 10000'} |"] if mde else []
+        mde, eff, needed = detectable(c.key, sd, n)
+        L += [f"| {c.title} | {sd:.3g} | {mde:.{c.digits}f} | {'—' if eff is None else f'{eff:+g}'} | {needed} |"] \
+            if mde else []
     dense = [c for c in t.columns if c.key.endswith(("_miou", "_rmse")) and c.delta]  # one metric per dense task
     signed = lambda v: [[-x if c.lower_is_better else x for _, x, _ in t.values.get((v, c.key), [])] for c in dense]
     poi = {v: probability_of_improvement(signed(v), signed(t.baseline)) for v in t.variants if v != t.baseline}
