@@ -74,6 +74,8 @@ MEASURES: tuple[Measure, ...] = (
 )
 BY_KEY = {m.key: m for m in MEASURES}
 ATTENTION_TERMS = ("attn_images", "entropy", "zero_share")
+# image_record's terms that are one number per image (the rest: the patch Gram matrix, "gram")
+SCALAR_TERMS = ("images", "box_images", "pib_hits", "cosine", "spread") + ATTENTION_TERMS
 
 
 def image_record(cls: torch.Tensor, patch: torch.Tensor, masks: Sequence[torch.Tensor], grid,

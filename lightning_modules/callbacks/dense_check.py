@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, Subset
 from datamodules.demo import is_demo
 from lightning_modules.callbacks.periodic import epoch_check_due
 from probes.headfree import retrieval as hb
-from tokenmix.dense_measures import ATTENTION_TERMS, MEASURES, Sums, image_record
+from tokenmix.dense_measures import ATTENTION_TERMS, MEASURES, SCALAR_TERMS, Sums, image_record
 
 ROOT_ENV = "TOKENMIX_DENSE_ROOT"
 
@@ -68,7 +68,7 @@ def add_record(sums: Sums, rec: dict[str, torch.Tensor]) -> None:
 
 def reduce_sums(sums: Sums, dim: int, reduce) -> Sums:
     """The sums over all ranks in one ``reduce`` (every term, also one a rank never saw: zeros)."""
-    names = ("images", "box_images", "pib_hits", "cosine", "spread") + ATTENTION_TERMS
+    names = SCALAR_TERMS
     flat = torch.cat([torch.tensor([float(sums.get(n, 0.0)) for n in names], dtype=torch.float64),
                       torch.as_tensor(sums.get("gram", torch.zeros(dim, dim)), dtype=torch.float64).flatten(),
                       sums["confusion"].double().flatten()])
